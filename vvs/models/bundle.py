@@ -1,0 +1,66 @@
+"""The set of models one deployment needs: target, drafter, VQ decoder. Defaults to the shipped model."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from vvs.errors import VVSError
+from vvs.models.drafter import Drafter
+from vvs.models.gpt import GPT, gpt_config
+from vvs.models.loading import load_drafter, load_gpt, load_vq
+from vvs.models.vq import VQModel, vq_config
+
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "weights"
+SHIPPED = {"target": "target.safetensors", "drafter": "drafter.safetensors", "vq": "vq.safetensors"}
+
+
+@dataclass
+class ModelBundle:
+    target: GPT
+    drafter: Drafter
+    vq: VQModel
+
+    def summary(self) -> str:
+        t, d, v = self.target.config, self.drafter.config, self.vq.config
+        count = lambda m: sum(p.numel() for p in m.parameters()) / 1e6  # noqa: E731
+        return "\n".join([
+            f"target  {t.model_type} GPT: {t.n_layer} layers, dim {t.dim}, {t.n_head} heads, vocab {t.vocab_size}, "
+            f"{t.cls_token_num} condition slot(s) + {t.grid_size}x{t.grid_size} tokens, {count(self.target):.2f}M params",
+            f"drafter {d.num_hidden_layers} layer(s), dim {d.hidden_size}, {count(self.drafter):.2f}M params "
+            "(+ the target's output head)",
+            f"vq      codebook {v.codebook_size}x{v.codebook_embed_dim}, downsample {v.downsample}, "
+            f"{count(self.vq):.2f}M params",
+        ])
+
+
+def shipped_path(name: str) -> Path:
+    path = SHIPPED_DIR / SHIPPED[name]
+    if not path.is_file():
+        raise VVSError(f"the shipped {name} weights are missing ({path}); reinstall vvs or pass the file explicitly")
+    return path
+
+
+def load_bundle(
+    checkpoint: str | None = None,
+    config: str | None = None,
+    vq: str | None = None,
+    vq_config_name: str | None = None,
+    drafter: str | None = None,
+    t2i: bool = False,
+    ema: bool = False,
+) -> ModelBundle:
+    """Load the three models; any argument left out falls back to the shipped model."""
+    try:
+        target_cfg = gpt_config(config, **({"model_type": "t2i"} if t2i else {})) if config else None
+        vq_cfg = vq_config(vq_config_name) if vq_config_name else None
+    except KeyError as err:
+        raise VVSError(str(err.args[0])) from None
+    target = load_gpt(checkpoint or shipped_path("target"), target_cfg, ema=ema)
+    drafter_model = load_drafter(drafter or shipped_path("drafter"), target.config)
+    vq_model = load_vq(vq or shipped_path("vq"), vq_cfg, ema=ema)
+    if vq_model.config.codebook_size != target.config.vocab_size:
+        raise VVSError(
+            f"the VQ codebook has {vq_model.config.codebook_size} codes but the target's vocabulary is "
+            f"{target.config.vocab_size}: pass the tokenizer the target was trained with (--vq)"
+        )
+    return ModelBundle(target, drafter_model, vq_model)

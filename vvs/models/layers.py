@@ -1,0 +1,79 @@
+"""Building blocks shared by the LlamaGen target and the EAGLE-style drafter.
+
+Key/value caches are never module state: attention takes the past keys/values of one layer as a tensor
+``[2, B, H, P, hd]`` and returns the keys/values of the new tokens ``[2, B, H, T, hd]``. Whoever owns the cache
+(the runtime) decides where those rows go, which is what makes tree verification and KV compaction explicit.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """LlamaGen's RMSNorm: normalise in fp32, cast back, then scale."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_2d_table(grid_size: int, head_dim: int, base: float, cls_token_num: int) -> torch.Tensor:
+    """cos/sin table ``[cls_token_num + grid_size**2, head_dim // 2, 2]`` of LlamaGen's 2-D RoPE.
+
+    The first ``cls_token_num`` rows are all zero, exactly as in the official model: condition queries and
+    keys become zero after rotation (so every query-condition logit is 0), they are not left unrotated.
+    Image token ``r * grid + c`` gets the row angles on the first half of the pairs, the column angles on
+    the second half.
+    """
+    half = head_dim // 2
+    freqs = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
+    angles = torch.outer(torch.arange(grid_size, dtype=torch.float32), freqs)  # [G, hd/4]
+    grid = torch.cat(
+        [angles[:, None, :].expand(-1, grid_size, -1), angles[None, :, :].expand(grid_size, -1, -1)], dim=-1
+    )  # [G, G, hd/2]: (row angles, column angles)
+    table = torch.stack([torch.cos(grid), torch.sin(grid)], dim=-1).flatten(0, 1)
+    return torch.cat([torch.zeros(cls_token_num, half, 2), table])
+
+
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs ``(x[2m], x[2m+1])`` of ``x [B, T, H, hd]`` by ``rope [B, T, hd/2, 2]``, in fp32."""
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    cos = rope[:, :, None, :, 0]
+    sin = rope[:, :, None, :, 1]
+    out = torch.stack([xs[..., 0] * cos - xs[..., 1] * sin, xs[..., 1] * cos + xs[..., 0] * sin], dim=-1)
+    return out.flatten(3).type_as(x)
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_kv: torch.Tensor | None, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of new tokens over ``past ‖ new`` keys.
+
+    q, k, v: ``[B, T, H, hd]`` (already rotated); past_kv: ``[2, B, H, P, hd]`` or None;
+    mask: bool ``[B or 1, 1, T, P + T]``, True where a query may attend. Returns ``([B, T, H*hd], new_kv)``
+    with ``new_kv [2, B, H, T, hd]``.
+    """
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
+    new_kv = torch.stack([k, v])
+    if past_kv is not None:
+        k = torch.cat([past_kv[0], k], dim=2)
+        v = torch.cat([past_kv[1], v], dim=2)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    b, h, t, hd = out.shape
+    return out.transpose(1, 2).reshape(b, t, h * hd), new_kv
+
+
+def ffn_hidden_size(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
+    """LlamaGen's SwiGLU width: int(2 * 4 * dim / 3), optionally scaled, rounded up to ``multiple_of``."""
+    hidden = int(2 * 4 * dim / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return -(-hidden // multiple_of) * multiple_of

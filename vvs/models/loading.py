@@ -1,0 +1,225 @@
+"""Safe checkpoint loading and saving.
+
+Only two readers exist: safetensors, and ``torch.load(weights_only=True)`` for the official ``.pt``/``.bin``
+files (their training ``args`` are an ``argparse.Namespace``, the one non-tensor class we allow). Every problem
+becomes a :class:`CheckpointError` whose message is one line naming the file and what is wrong with it.
+
+Formats understood:
+- official LlamaGen GPT / VQ ``.pt``: a dict holding the weights under ``model`` (or ``ema``, ``module``,
+  ``state_dict``), keys possibly prefixed with ``module.``;
+- LANTERN / EAGLE drafter folders: ``config.json`` + ``pytorch_model.bin`` or ``model.safetensors``;
+- vvs safetensors: weights plus the model config in the safetensors metadata (``vvs_kind``, ``vvs_config``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from vvs.errors import VVSError
+from vvs.models.drafter import Drafter, DrafterConfig
+from vvs.models.gpt import GPT, GPTConfig
+from vvs.models.vq import VQConfig, VQModel
+
+
+class CheckpointError(VVSError):
+    """A checkpoint that cannot be used. ``str(err)`` is one line: ``<file>: <problem>``."""
+
+    def __init__(self, path: os.PathLike | str, problem: str):
+        super().__init__(f"{path}: {problem}")
+
+
+# --------------------------------------------------------------------------- reading files
+
+
+def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    try:
+        with safe_open(path, framework="pt") as f:
+            meta = f.metadata() or {}
+        return load_file(path), meta
+    except (SafetensorError, ValueError, OSError) as err:
+        raise CheckpointError(path, f"not a readable safetensors file (truncated or corrupt?): {err}") from None
+
+
+def _read_pickle(path: Path) -> object:
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "unpickling failed"
+        if "weights only" in str(err).lower() or "unsupported global" in str(err).lower():
+            raise CheckpointError(
+                path, "refused: the file contains pickled Python objects, not just tensors (re-save it as safetensors)"
+            ) from None
+        raise CheckpointError(path, f"not a readable checkpoint (truncated or corrupt?): {first}") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(path, f"not a readable checkpoint (truncated or corrupt?): {first}") from None
+
+
+def read_checkpoint(path: os.PathLike | str, *, ema: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Read a state dict (and vvs metadata, if any) from a safetensors or official torch file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(path, "no such file")
+    if path.suffix == ".safetensors":
+        return _read_safetensors(path)
+    obj = _read_pickle(path)
+    if not isinstance(obj, dict):
+        raise CheckpointError(path, f"expected a dict of tensors, found {type(obj).__name__}")
+    wanted = ("ema", "model", "module", "state_dict") if ema else ("model", "module", "state_dict")
+    if ema and "ema" not in obj:
+        raise CheckpointError(path, "asked for EMA weights but the file has no 'ema' entry")
+    for key in wanted:
+        if isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    state = {k.removeprefix("module."): v for k, v in obj.items()}
+    bad = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise CheckpointError(path, f"entry {bad[0]!r} is not a tensor (expected a state dict)")
+    return state, {}
+
+
+def _names(keys, limit=3) -> str:
+    keys = sorted(keys)
+    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
+
+
+def load_state(module: nn.Module, state: dict[str, torch.Tensor], path, hint: str = "") -> None:
+    """``load_state_dict(strict=True)`` with the differences explained in one line."""
+    expected = module.state_dict()
+    missing = expected.keys() - state.keys()
+    unexpected = state.keys() - expected.keys()
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} key(s) ({_names(missing)})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected key(s) ({_names(unexpected)})")
+        raise CheckpointError(path, "; ".join(parts) + (f" — {hint}" if hint else ""))
+    wrong = [k for k in expected if expected[k].shape != state[k].shape]
+    if wrong:
+        k = wrong[0]
+        raise CheckpointError(
+            path,
+            f"{len(wrong)} tensor(s) have the wrong shape, e.g. {k}: file {list(state[k].shape)} vs model "
+            f"{list(expected[k].shape)}" + (f" — {hint}" if hint else ""),
+        )
+    module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
+
+
+def _gpt_hint(state: dict[str, torch.Tensor], config: GPTConfig) -> str:
+    emb = state.get("tok_embeddings.weight")
+    if emb is None:
+        return "is this a LlamaGen GPT checkpoint?"
+    layers = len({k.split(".")[1] for k in state if k.startswith("layers.")})
+    kind = "c2i" if "cls_embedding.embedding_table.weight" in state else "t2i"
+    return (
+        f"the file holds a {kind} model with dim {emb.shape[1]}, {layers} layers, vocab {emb.shape[0]}; the config "
+        f"expects {config.model_type} dim {config.dim}, {config.n_layer} layers, vocab {config.vocab_size} "
+        "(pick the matching --config)"
+    )
+
+
+# --------------------------------------------------------------------------- model loaders
+
+
+def _config_from_meta(meta: dict[str, str], kind: str, path) -> dict | None:
+    if "vvs_config" not in meta:
+        return None
+    if meta.get("vvs_kind") != kind:
+        raise CheckpointError(path, f"this is a vvs {meta.get('vvs_kind')!r} file, not a {kind!r} file")
+    return json.loads(meta["vvs_config"])
+
+
+def load_gpt(path, config: GPTConfig | None = None, *, ema: bool = False) -> GPT:
+    """A LlamaGen GPT from an official ``.pt`` (config required) or a vvs safetensors file (config inside)."""
+    state, meta = read_checkpoint(path, ema=ema)
+    stored = _config_from_meta(meta, "gpt", path)
+    if stored is not None:
+        stored_cfg = GPTConfig(**stored)
+        if config is not None and config != stored_cfg:
+            raise CheckpointError(path, f"the file's config does not match the requested one ({_diff(stored_cfg, config)})")
+        config = stored_cfg
+    if config is None:
+        raise CheckpointError(path, "an official checkpoint carries no config: pass --config (e.g. GPT-XL)")
+    model = GPT(config)
+    load_state(model, state, path, _gpt_hint(state, config))
+    return model.eval()
+
+
+def load_vq(path, config: VQConfig | None = None, *, ema: bool = False) -> VQModel:
+    state, meta = read_checkpoint(path, ema=ema)
+    stored = _config_from_meta(meta, "vq", path)
+    if stored is not None:
+        config = VQConfig(**stored)
+    if config is None:
+        raise CheckpointError(path, "an official VQ checkpoint carries no config: pass --vq-config (e.g. VQ-16)")
+    model = VQModel(config)
+    book = state.get("quantize.embedding.weight")
+    hint = ""
+    if book is not None:
+        hint = (f"the file's codebook is {list(book.shape)}, the config expects "
+                f"[{config.codebook_size}, {config.codebook_embed_dim}]")
+    load_state(model, state, path, hint)
+    return model.eval()
+
+
+def load_drafter(path, target: GPTConfig) -> Drafter:
+    """A drafter from a LANTERN/EAGLE folder (config.json + weights) or a vvs safetensors file."""
+    path = Path(path)
+    if path.is_dir():
+        cfg_file = path / "config.json"
+        if not cfg_file.is_file():
+            raise CheckpointError(path, "drafter folder has no config.json")
+        try:
+            config = DrafterConfig.from_hf_json(json.loads(cfg_file.read_text()))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(cfg_file, f"not a usable drafter config: {err}") from None
+        weights = next((path / n for n in ("model.safetensors", "pytorch_model.bin") if (path / n).is_file()), None)
+        if weights is None:
+            raise CheckpointError(path, "drafter folder has neither model.safetensors nor pytorch_model.bin")
+        state, _ = read_checkpoint(weights)
+    else:
+        weights = path
+        state, meta = read_checkpoint(path)
+        stored = _config_from_meta(meta, "drafter", path)
+        if stored is None:
+            raise CheckpointError(path, "not a vvs drafter file; pass a LANTERN-style folder with config.json instead")
+        config = DrafterConfig(**stored)
+    try:
+        model = Drafter(config, target)
+    except ValueError as err:
+        raise CheckpointError(weights, f"drafter does not fit the target: {err}") from None
+    load_state(model, state, weights)
+    return model.eval()
+
+
+def _diff(a, b) -> str:
+    da, db = a.to_dict(), b.to_dict()
+    return ", ".join(f"{k}: file {da[k]} vs requested {db[k]}" for k in da if da[k] != db.get(k))
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def save_model(model: nn.Module, path, kind: str, extra: dict[str, str] | None = None) -> Path:
+    """Write a vvs safetensors file (weights + config), atomically: a crash never leaves a half-written file."""
+    path = Path(path)
+    meta = {"vvs_kind": kind, "vvs_config": json.dumps(model.config.to_dict()), **(extra or {})}
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    tmp = path.with_name(path.name + ".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, tmp, metadata=meta)
+    os.replace(tmp, path)
+    return path
