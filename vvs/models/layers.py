@@ -77,3 +77,13 @@ def ffn_hidden_size(dim: int, multiple_of: int, ffn_dim_multiplier: float | None
     if ffn_dim_multiplier is not None:
         hidden = int(ffn_dim_multiplier * hidden)
     return -(-hidden // multiple_of) * multiple_of
+
+
+def cast_floating(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast a model's weights to ``dtype`` but keep RoPE tables (angles, not activations) in float32."""
+    ropes = {name: buf for name, buf in module.named_buffers() if name.rsplit(".", 1)[-1] == "rope"}
+    module.to(dtype)
+    for name, buf in ropes.items():
+        owner, _, leaf = name.rpartition(".")
+        (module.get_submodule(owner) if owner else module)._buffers[leaf] = buf.float()
+    return module

@@ -1,0 +1,58 @@
+"""Shared fixtures: small random LlamaGen models with a drafter briefly trained on the target's own samples."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from vvs.engines.torch_backend import torch_engines
+from vvs.models import GPT, VQModel, gpt_config, vq_config
+from vvs.models.bundle import ModelBundle
+from vvs.runtime.options import DecodeOptions
+from vvs.runtime.pipeline import Pipeline
+from vvs.train.drafter import train_drafter
+
+SMALL = dict(tree_size=12, depth=3, draft_top_k=4, top_k=0, lantern_k=4, skip_warmup_tokens=3)
+
+
+def small_bundle(tmp: Path, vocab=16, grid=4, seed=0, model_type="c2i") -> ModelBundle:
+    torch.manual_seed(seed)
+    extra = dict(model_type="t2i", cls_token_num=3, caption_dim=8) if model_type == "t2i" else {}
+    target = GPT(gpt_config("GPT-tiny", vocab_size=vocab, grid_size=grid, **extra)).eval()
+    with torch.no_grad():  # sharper distributions than the 0.02 init gives, so sampling has structure
+        target.output.weight.mul_(40)
+    vq = VQModel(vq_config("VQ-tiny", codebook_size=vocab)).eval()
+    # teach the drafter the target's own samples for a few steps, so that drafts get accepted
+    gen = torch.Generator().manual_seed(seed)
+    n = 48
+    if model_type == "c2i":
+        conditions = torch.randint(0, target.config.num_classes, (n,), generator=gen)
+    else:
+        conditions = torch.randn(n, 3, 8, generator=gen)
+    tokens = torch.zeros(n, 0, dtype=torch.long)
+    with torch.no_grad():
+        for _ in range(grid * grid):
+            logits = target.teacher_forced(conditions, tokens).logits[:, -1]
+            tokens = torch.cat([tokens, torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)], 1)
+    drafter = train_drafter(target, conditions, tokens, tmp, seed, steps=120, batch=16, lr=3e-3)
+    return ModelBundle(target, drafter, vq)
+
+
+@pytest.fixture(scope="session")
+def bundle_factory(tmp_path_factory):
+    cache = {}
+
+    def make(**kwargs) -> ModelBundle:
+        key = tuple(sorted(kwargs.items()))
+        if key not in cache:
+            cache[key] = small_bundle(tmp_path_factory.mktemp("drafter"), **kwargs)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def pipeline_factory(bundle_factory):
+    def make(**kwargs) -> Pipeline:
+        return Pipeline(torch_engines(bundle_factory(**kwargs)), DecodeOptions(**SMALL))
+
+    return make

@@ -1,0 +1,52 @@
+"""The interface between the decoding runtime and a backend.
+
+A backend provides one :class:`Engine` per graph (``target_prefill``, ``target_verify``, ``drafter_step``,
+``vq_decode``); each is called with tensors by the input names of its :class:`~vvs.export.spec.GraphSpec` and
+returns a dict by output name. Tensors cross the interface as torch tensors on ``EngineSet.device``, so the
+runtime's control logic is the same code for every backend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from vvs.export.spec import GraphSpec
+from vvs.models.gpt import GPTConfig
+from vvs.runtime.neighbours import nearest_codes
+from vvs.runtime.options import OptionsError
+
+GRAPHS = ("target_prefill", "target_verify", "drafter_step", "vq_decode")
+
+
+class Engine(Protocol):
+    spec: GraphSpec
+
+    def run(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]: ...
+
+
+@dataclass
+class EngineSet:
+    backend: str
+    target: GPTConfig
+    drafter_layers: int
+    graphs: dict[str, Engine]
+    codebook: torch.Tensor  # [vocab, e_dim] code vectors the decoder sees
+    device: torch.device
+    dtype: torch.dtype  # activations and caches
+    max_draft_top_k: int
+    null_condition: torch.Tensor | None = None  # t2i: the unconditional caption [C, caption_dim]
+    neighbour_table: torch.Tensor | None = None  # [vocab, K] nearest codes, precomputed by the exporter
+    default_options: dict = field(default_factory=dict)
+
+    def neighbours(self, k: int) -> torch.Tensor:
+        """``[vocab, k]`` nearest codes of every code (LANTERN's proximity sets)."""
+        if k >= self.target.vocab_size:
+            raise OptionsError(f"option lantern_k={k}: must be below the vocabulary size {self.target.vocab_size}")
+        if self.neighbour_table is None or self.neighbour_table.shape[1] < k:
+            if self.neighbour_table is not None and self.backend != "torch":
+                raise OptionsError(f"option lantern_k={k}: the engine folder stores {self.neighbour_table.shape[1]} "
+                               "neighbours per code; re-export with a larger --lantern-k")
+            self.neighbour_table = nearest_codes(self.codebook, k).to(self.device)
+        return self.neighbour_table[:, :k].long()

@@ -1,0 +1,47 @@
+"""The torch backend: the graph modules of :mod:`vvs.export.graphs`, run eagerly (CPU or CUDA)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vvs.engines.base import EngineSet
+from vvs.export.graphs import build_graphs
+from vvs.export.spec import GraphSpec, graph_specs
+from vvs.models.bundle import ModelBundle
+from vvs.models.layers import cast_floating
+
+
+class TorchEngine:
+    def __init__(self, module: nn.Module, spec: GraphSpec):
+        self.module, self.spec = module, spec
+
+    def run(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        self.spec.check_inputs(inputs)
+        with torch.inference_mode():
+            outputs = self.module(*(inputs[name] for name in self.spec.input_names))
+        if isinstance(outputs, torch.Tensor):
+            outputs = (outputs,)
+        return dict(zip(self.spec.output_names, outputs))
+
+
+def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                  max_draft_top_k: int = 10, default_options: dict | None = None) -> EngineSet:
+    device = torch.device(device)
+    graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, max_draft_top_k)
+    for name, module in graphs.items():
+        cast_floating(module.to(device), torch.float32 if name == "vq_decode" else dtype)
+    act = "float16" if dtype == torch.float16 else "float32"
+    specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, max_draft_top_k, act)
+    return EngineSet(
+        backend="torch",
+        target=bundle.target.config,
+        drafter_layers=bundle.drafter.config.num_hidden_layers,
+        graphs={name: TorchEngine(graphs[name], specs[name]) for name in specs},
+        codebook=bundle.vq.quantize.codebook().detach().to(device),
+        device=device,
+        dtype=dtype,
+        max_draft_top_k=max_draft_top_k,
+        default_options=dict(default_options or {}),
+        null_condition=(None if bundle.target.config.model_type == "c2i"
+                        else bundle.target.cls_embedding.uncond_embedding.detach().clone()),
+    )

@@ -1,0 +1,141 @@
+"""The I/O contract of every graph, declared once.
+
+The exporter takes input/output names, dtypes and dynamic axes from here; the manifest stores these specs;
+every backend checks the tensors it is given against them; the TensorRT builder derives its optimisation
+profiles from the symbolic dimensions.
+
+Symbolic dimensions: ``batch`` (rows: images, or images x 2 with guidance), ``images``, ``new`` (positions
+this call adds), ``past`` (static KV capacity). All other dimensions are fixed by the model config.
+
+KV layout: ``past_kv [layers, 2 (key, value), batch, heads, past, head_dim]`` is read-only input, the whole
+static buffer; ``new_kv [layers, 2, batch, heads, new, head_dim]`` are the keys/values of the new positions. The
+mask is bool ``[batch, 1, new, past + new]`` over ``past ‖ new`` (True = may attend). The runtime commits the
+rows it keeps into the buffer, so shapes stay fixed per bucket of ``new`` and no graph mutates state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "int64": torch.int64, "bool": torch.bool}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TensorSpec":
+        return cls(d["name"], d["dtype"], tuple(d["shape"]))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def check(self, graph: str, value: torch.Tensor, dims: dict[str, int]) -> None:
+        """Raise ValueError unless ``value`` matches this spec; bind symbolic dims consistently in ``dims``."""
+        if value.dtype != self.torch_dtype:
+            raise ValueError(f"{graph}.{self.name}: dtype {value.dtype} but the graph takes {self.dtype}")
+        if value.dim() != len(self.shape):
+            raise ValueError(f"{graph}.{self.name}: {value.dim()} dims but the graph takes {list(self.shape)}")
+        for axis, (want, got) in enumerate(zip(self.shape, value.shape)):
+            if isinstance(want, int):
+                if want != got:
+                    raise ValueError(f"{graph}.{self.name}: axis {axis} is {got}, expected {want}")
+            elif dims.setdefault(want, got) != got:
+                raise ValueError(f"{graph}.{self.name}: axis {axis} ({want}) is {got}, elsewhere {dims[want]}")
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+    def check_inputs(self, inputs: dict[str, torch.Tensor]) -> dict[str, int]:
+        missing = set(self.input_names) - inputs.keys()
+        extra = inputs.keys() - set(self.input_names)
+        if missing or extra:
+            raise ValueError(f"{self.name}: missing inputs {sorted(missing)}, unexpected {sorted(extra)}")
+        dims: dict[str, int] = {}
+        for spec in self.inputs:
+            spec.check(self.name, inputs[spec.name], dims)
+        return dims
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "inputs": [t.to_dict() for t in self.inputs],
+                "outputs": [t.to_dict() for t in self.outputs]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GraphSpec":
+        return cls(d["name"], tuple(TensorSpec.from_dict(t) for t in d["inputs"]),
+                   tuple(TensorSpec.from_dict(t) for t in d["outputs"]))
+
+
+def graph_specs(target, drafter, vq, max_draft_top_k: int, act: str = "float32") -> dict[str, GraphSpec]:
+    """Specs of the four graphs for a target ``GPTConfig``, ``DrafterConfig`` and ``VQConfig``.
+
+    ``act`` is the dtype of activations, features and caches ("float32" or "float16"); logits are float32.
+    """
+    t, d = target, drafter
+    kv = ("batch", t.n_head, "past", t.head_dim)
+    cond = (TensorSpec("condition", "int64", ("batch",)) if t.model_type == "c2i"
+            else TensorSpec("condition", act, ("batch", t.cls_token_num, t.caption_dim)))
+    image = vq.downsample * t.grid_size
+    processor = (TensorSpec("temperature", "float32", (1,)), TensorSpec("top_k", "int64", (1,)),
+                 TensorSpec("top_p", "float32", (1,)))
+    return {
+        "target_prefill": GraphSpec("target_prefill", (
+            cond,
+            TensorSpec("attn_mask", "bool", ("batch", 1, t.cls_token_num, t.cls_token_num)),
+            TensorSpec("cfg_mix", "float32", ("images", "batch")),
+        ), (
+            TensorSpec("logits", "float32", ("images", t.vocab_size)),
+            TensorSpec("hidden", act, ("batch", t.cls_token_num, t.dim)),
+            TensorSpec("new_kv", act, (t.n_layer, 2, "batch", t.n_head, t.cls_token_num, t.head_dim)),
+        )),
+        "target_verify": GraphSpec("target_verify", (
+            TensorSpec("input_ids", "int64", ("batch", "new")),
+            TensorSpec("position_ids", "int64", ("batch", "new")),
+            TensorSpec("attn_mask", "bool", ("batch", 1, "new", "past_plus_new")),
+            TensorSpec("past_kv", act, (t.n_layer, 2, *kv)),
+            TensorSpec("cfg_mix", "float32", ("images", "batch")),
+        ), (
+            TensorSpec("logits", "float32", ("images", "new", t.vocab_size)),
+            TensorSpec("hidden", act, ("batch", "new", t.dim)),
+            TensorSpec("new_kv", act, (t.n_layer, 2, "batch", t.n_head, "new", t.head_dim)),
+        )),
+        "drafter_step": GraphSpec("drafter_step", (
+            TensorSpec("features", act, ("batch", "new", t.dim)),
+            TensorSpec("input_ids", "int64", ("batch", "new")),
+            TensorSpec("position_ids", "int64", ("batch", "new")),
+            TensorSpec("attn_mask", "bool", ("batch", 1, "new", "past_plus_new")),
+            TensorSpec("past_kv", act, (d.num_hidden_layers, 2, *kv)),
+            TensorSpec("cfg_mix", "float32", ("images", "batch")),
+            *processor,
+        ), (
+            TensorSpec("hidden", act, ("batch", "new", t.dim)),
+            TensorSpec("new_kv", act, (d.num_hidden_layers, 2, "batch", t.n_head, "new", t.head_dim)),
+            TensorSpec("topk_logp", "float32", ("images", "new", max_draft_top_k)),
+            TensorSpec("topk_ids", "int64", ("images", "new", max_draft_top_k)),
+        )),
+        "vq_decode": GraphSpec("vq_decode", (
+            TensorSpec("codes", "int64", ("images", t.num_image_tokens)),
+        ), (
+            TensorSpec("image", "float32", ("images", 3, image, image)),
+        )),
+    }

@@ -1,0 +1,114 @@
+"""Tree acceptance: greedy (longest path the target agrees with) and speculative sampling over the tree, both
+optionally relaxed by LANTERN's latent neighbourhoods.
+
+Sampling walks down from the root: at each node it tries the children in drafter order, accepting child ``x``
+with probability ``p(x)`` (+ LANTERN's extra mass) under the current, residual-updated target distribution
+``p``; a rejection zeroes ``p(x)`` (and the neighbours whose mass was lent to it) and renormalises. When no
+child is accepted the next token is drawn from that residual. Drafts are deterministic top-k picks (q = 1),
+so without relaxation this is exact sampling from the target (EAGLE-2's multi-candidate rejection).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vvs.runtime.tree import DraftTree
+
+
+@dataclass
+class Accepted:
+    nodes: torch.Tensor  # [n, max_path] accepted tree nodes, root first, -1 padded
+    length: torch.Tensor  # [n] accepted nodes, root included (= accepted drafts + 1)
+    bonus: torch.Tensor  # [n] the next root: sampled (or argmax) from the last accepted node's distribution
+
+
+@dataclass
+class Relaxation:
+    """LANTERN: ``neighbours [V, k]`` are each code's nearest codes in latent space (nearest first)."""
+
+    neighbours: torch.Tensor
+    delta: float
+
+    def lend(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mass that may move onto ``x``: the longest neighbour prefix with total ≤ δ (``δ > 1``: ≤ (δ-1)·p(x)).
+        Returns ``(extra [...], prefix_len [...])`` for ``p [..., V]`` and tokens ``x [...]``."""
+        nb = self.neighbours[x]
+        prefix = p.gather(-1, nb).cumsum(-1)
+        bound = (self.delta - 1) * p.gather(-1, x[..., None]) if self.delta > 1 else torch.full_like(prefix[..., :1], self.delta)
+        m = (prefix <= bound).sum(-1)
+        extra = torch.where(m > 0, prefix.gather(-1, (m - 1).clamp(min=0)[..., None]).squeeze(-1), 0.0)
+        return extra, m
+
+
+def greedy_accept(tree: DraftTree, logits: torch.Tensor, relax: Relaxation | None) -> Accepted:
+    """``logits [n, T, V]`` of the tree nodes. A draft is accepted when it is its parent's argmax (LANTERN: when
+    its probability plus the lent neighbour mass is at least every other token's)."""
+    n, t = tree.tokens.shape
+    img = torch.arange(n, device=logits.device)
+    parent = tree.parent.clamp(min=0)
+    parent_logits = logits[img[:, None], parent]  # [n, T, V]
+    x = tree.tokens
+    if relax is None:
+        ok = parent_logits.argmax(-1) == x
+    else:
+        p = torch.softmax(parent_logits.float(), dim=-1)
+        extra, _ = relax.lend(p, x)
+        px = p.gather(-1, x[..., None]).squeeze(-1)
+        others = p.scatter(-1, x[..., None], float("-inf")).amax(-1)
+        ok = px + extra >= others
+    ok[:, 0] = True
+    # a node counts only if every node on its root path is accepted
+    on_path_rejected = (tree.ancestors & ~ok[:, None, :]).any(-1)
+    reach = ~on_path_rejected
+    score = torch.where(reach, tree.depth * t - torch.arange(t, device=x.device), -1)  # deepest, then earliest
+    last = score.argmax(-1)
+    bonus = logits[img, last].argmax(-1)
+    return Accepted(tree.path_nodes(last, int(tree.depth.max()) + 1), tree.depth[img, last] + 1, bonus)
+
+
+def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None, max_children: int,
+                  gen: torch.Generator | None) -> Accepted:
+    """``probs [n, T, V]``: the processed target distribution at every node."""
+    n, _, _ = probs.shape
+    dev = probs.device
+    img = torch.arange(n, device=dev)
+    children = tree.children(max_children)
+    max_depth = int(tree.depth.max())
+    node = torch.zeros(n, dtype=torch.long, device=dev)
+    p = probs[:, 0].clone()
+    walking = torch.ones(n, dtype=torch.bool, device=dev)
+    path = torch.full((n, max_depth + 1), -1, dtype=torch.long, device=dev)
+    path[:, 0] = 0
+    length = torch.ones(n, dtype=torch.long, device=dev)
+    for _ in range(max_depth):
+        moved = torch.zeros(n, dtype=torch.bool, device=dev)
+        kids = children[img, node]  # [n, width]
+        for j in range(kids.shape[1]):
+            child = kids[:, j]
+            trying = walking & ~moved & (child >= 0)
+            x = tree.tokens[img, child.clamp(min=0)]
+            px = p.gather(1, x[:, None]).squeeze(1)
+            extra, lent = relax.lend(p, x) if relax is not None else (torch.zeros_like(px), None)
+            u = torch.rand(n, generator=gen, device=dev)
+            accept = trying & (u <= px + extra)
+            reject = trying & ~accept
+            if reject.any():
+                drop = torch.zeros_like(p, dtype=torch.bool).scatter(1, x[:, None], True)
+                if relax is not None:
+                    nb = relax.neighbours[x]
+                    drop |= torch.zeros_like(drop).scatter(1, nb, torch.arange(nb.shape[1], device=dev) < lent[:, None])
+                p = torch.where(reject[:, None] & drop, 0.0, p)
+                total = p.sum(1, keepdim=True)
+                p = torch.where(reject[:, None], torch.where(total > 0, p / total.clamp_min(1e-30), 1.0 / p.shape[1]), p)
+            if accept.any():
+                node = torch.where(accept, child, node)
+                p = torch.where(accept[:, None], probs[img, node], p)
+                path[img[accept], length[accept]] = child[accept]
+                length += accept.long()
+                moved |= accept
+        walking &= moved
+        if not walking.any():
+            break
+    bonus = torch.multinomial(p, 1, generator=gen).squeeze(1)
+    return Accepted(path, length, bonus)

@@ -1,0 +1,109 @@
+"""Caches the runtime owns: static-capacity key/value tensors and the token-level feature cache.
+
+Graphs never write caches. They read ``past_kv`` (the whole static buffer, so shapes and addresses stay fixed
+for CUDA graphs and TensorRT) and return the keys/values of their new positions; the runtime then copies only
+the rows it keeps. That copy *is* the KV compaction of tree verification: accepted nodes land contiguously
+after the committed prefix and rejected branches never enter the cache.
+
+Batch layout: image ``i`` owns batch row ``i`` and, with classifier-free guidance, row ``i + n`` (its
+unconditional twin), which shares its tokens, positions, masks and tree.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class RowLayout:
+    """Maps per-image tensors ``[n, ...]`` to batch rows ``[groups * n, ...]``."""
+
+    def __init__(self, num_images: int, guided: bool):
+        self.n = num_images
+        self.groups = 2 if guided else 1
+
+    @property
+    def rows(self) -> int:
+        return self.n * self.groups
+
+    def expand(self, per_image: torch.Tensor) -> torch.Tensor:
+        return per_image.repeat(self.groups, *([1] * (per_image.dim() - 1)))
+
+    def row_ids(self, images: torch.Tensor) -> torch.Tensor:
+        """Batch rows of the given image indices (all groups), ``[groups * len(images)]``."""
+        return torch.cat([images + g * self.n for g in range(self.groups)])
+
+
+class KVCache:
+    """``kv [layers, 2, rows, heads, capacity, head_dim]`` plus the committed length of each image."""
+
+    def __init__(self, layout: RowLayout, layers: int, heads: int, head_dim: int, capacity: int, dtype, device):
+        self.layout = layout
+        self.capacity = capacity
+        self.kv = torch.zeros(layers, 2, layout.rows, heads, capacity, head_dim, dtype=dtype, device=device)
+        self.length = torch.zeros(layout.n, dtype=torch.long, device=device)
+        self.blocked = torch.zeros(layout.n, capacity, dtype=torch.bool, device=device)  # e.g. caption padding
+
+    def write(self, new_kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, valid: torch.Tensor) -> None:
+        """Copy ``new_kv[..., row, :, src[i, j], :]`` to slot ``dst[i, j]`` of image i's rows where ``valid[i, j]``."""
+        img, col = valid.nonzero(as_tuple=True)
+        if img.numel() == 0:
+            return
+        rows = self.layout.row_ids(img)
+        s = self.layout.expand(src[img, col])
+        d = self.layout.expand(dst[img, col])
+        self.kv[:, :, rows, :, d] = new_kv[:, :, rows, :, s].to(self.kv.dtype)
+
+    def commit(self, new_kv: torch.Tensor, src: torch.Tensor, count: torch.Tensor) -> None:
+        """Append ``count[i]`` rows of ``new_kv`` (indices ``src[i, :count[i]]``) after each image's prefix."""
+        j = torch.arange(src.shape[1], device=src.device)
+        valid = j < count[:, None]
+        self.write(new_kv, src, self.length[:, None] + j, valid & (self.length[:, None] + j < self.capacity))
+        self.length = torch.minimum(self.length + count, torch.tensor(self.capacity, device=self.length.device))
+
+    def prefix_visible(self, queries: int) -> torch.Tensor:
+        """Bool ``[n, queries, capacity]``: the committed slots of each image."""
+        slots = torch.arange(self.capacity, device=self.length.device)
+        return ((slots < self.length[:, None]) & ~self.blocked).unsqueeze(1).expand(-1, queries, -1)
+
+
+def attention_mask(layout: RowLayout, past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """Combine per-image ``past [n, T, S]`` and ``new [n, T, T]`` visibility into ``[rows, 1, T, S + T]``."""
+    return layout.expand(torch.cat([past, new], dim=-1)).unsqueeze(1)
+
+
+def causal_within(count: torch.Tensor, length: int) -> torch.Tensor:
+    """``[n, length, length]`` causal visibility among the first ``count[i]`` new positions; padded positions
+    see only themselves (a fully masked row would give NaN)."""
+    idx = torch.arange(length, device=count.device)
+    causal = idx[None, :, None] >= idx[None, None, :]
+    valid = idx[None, :] < count[:, None]
+    return (causal & valid[:, None, :] & valid[:, :, None]) | torch.eye(length, dtype=torch.bool, device=count.device)
+
+
+class FeatureCache:
+    """Target features (post-norm hidden states) by position ``[rows, capacity, dim]``; ``length[i]`` positions of
+    image i are known. VVS reuses the most recent ones when a verification is skipped."""
+
+    def __init__(self, layout: RowLayout, capacity: int, dim: int, dtype, device):
+        self.layout = layout
+        self.features = torch.zeros(layout.rows, capacity, dim, dtype=dtype, device=device)
+        self.length = torch.zeros(layout.n, dtype=torch.long, device=device)
+
+    def append(self, hidden: torch.Tensor, src: torch.Tensor, count: torch.Tensor) -> None:
+        """Append ``hidden[row, src[i, j]]`` for ``j < count[i]``."""
+        j = torch.arange(src.shape[1], device=src.device)
+        dst = self.length[:, None] + j
+        valid = (j < count[:, None]) & (dst < self.features.shape[1])
+        img, col = valid.nonzero(as_tuple=True)
+        if img.numel():
+            rows = self.layout.row_ids(img)
+            self.features[rows, self.layout.expand(dst[img, col])] = hidden[rows, self.layout.expand(src[img, col])].to(
+                self.features.dtype)
+        self.length = self.length + count
+
+    def most_recent(self, count: torch.Tensor, width: int) -> torch.Tensor:
+        """``[rows, width, dim]``: for image i the last ``count[i]`` known features in order (earliest first),
+        padded after; positions before 0 repeat position 0."""
+        j = torch.arange(width, device=count.device)
+        pos = (self.length[:, None] - count[:, None] + j).clamp(min=0, max=self.features.shape[1] - 1)
+        rows = torch.arange(self.layout.rows, device=count.device)
+        return self.features[rows[:, None], self.layout.expand(pos)]

@@ -1,0 +1,278 @@
+"""The decoding loops: vanilla AR, and speculative decoding (EAGLE-2 SD, LANTERN, VVS) in one loop.
+
+One speculative cycle, for every image of the batch at once::
+
+    tree = draft(...)                        # drafter: stable update + dynamic tree
+    skip = decide_skip(...)                  # VVS only
+    verify images that do not skip           # one target forward: pending chain ‖ tree
+    commit accepted paths / unverified chains, and feed the drafter next cycle's inputs
+
+Positions: condition slots are ``0 … C-1`` and image token ``i`` sits at ``C + i``. ``count[i]`` image tokens of
+image i are committed (the last ``chain_len[i]`` of them unverified, not yet in the target cache); the root, the
+next token, sits at ``C + count[i]``. An image is done once ``count + 1 >= N``.
+"""
+from __future__ import annotations
+
+import torch
+
+from vvs.engines.base import EngineSet
+from vvs.runtime.accept import Relaxation, greedy_accept, sample_accept
+from vvs.runtime.cache import FeatureCache, KVCache, RowLayout, attention_mask, causal_within
+from vvs.runtime.options import DecodeOptions, OptionsError
+from vvs.runtime.sampling import Processor, cfg_matrix, sample
+from vvs.runtime.skip import decide_skip, select_unverified
+from vvs.runtime.stats import ImageStats, Stopwatch
+from vvs.runtime.tree import TreeDrafter
+
+
+class Decoding:
+    """State of one batch: caches, committed tokens, statistics."""
+
+    def __init__(self, engines: EngineSet, conditions: torch.Tensor, opts: DecodeOptions, seed: int,
+                 caption_mask: torch.Tensor | None = None):
+        cfg = engines.target
+        self.engines, self.opts, self.cfg = engines, opts, cfg
+        self.dev = engines.device
+        self.n = conditions.shape[0]
+        self.layout = RowLayout(self.n, guided=opts.cfg_scale != 1.0)
+        self.cfg_mix = cfg_matrix(self.n, opts.cfg_scale, device=self.dev)
+        self.proc = Processor(opts.temperature, opts.top_k, opts.top_p, device=self.dev)
+        self.gen = torch.Generator(device=self.dev).manual_seed(seed)
+        self.conditions = conditions.to(self.dev)
+        self.C, self.N = cfg.cls_token_num, cfg.num_image_tokens
+        self.slack = 2 * opts.max_path_tokens  # room for a chain and a path committed past the last token
+        self.kv = KVCache(self.layout, cfg.n_layer, cfg.n_head, cfg.head_dim, self.C + self.N + self.slack,
+                          engines.dtype, self.dev)
+        self.caption_mask = None if caption_mask is None else caption_mask.to(self.dev)
+        if self.caption_mask is not None:  # padded caption slots stay invisible to every later query
+            self.kv.blocked[:, : self.C] = ~self.caption_mask
+        self.tokens = torch.zeros(self.n, self.N + self.slack, dtype=torch.long, device=self.dev)
+        self.count = torch.zeros(self.n, dtype=torch.long, device=self.dev)
+        self.root = torch.zeros(self.n, dtype=torch.long, device=self.dev)
+        self.stats = [ImageStats(prefill_forwards=1, target_forwards=1) for _ in range(self.n)]
+        self.clock = Stopwatch(self.dev)
+        self.arange = torch.arange(self.n, device=self.dev)
+
+    # ------------------------------------------------------------------ shared steps
+
+    @property
+    def active(self) -> torch.Tensor:
+        return self.count + 1 < self.N
+
+    def max_position(self) -> int:
+        return self.cfg.max_positions - 1
+
+    def prefill_mask(self) -> torch.Tensor:
+        """Causal over the condition slots. With a left-padded caption, valid slots do not see padded ones and a
+        padded slot sees the slots up to itself (LlamaGen's HF port; those rows become drafter features)."""
+        c = self.C
+        causal = torch.ones(c, c, dtype=torch.bool, device=self.dev).tril()
+        if self.caption_mask is None:
+            return causal.expand(self.layout.rows, 1, c, c)
+        valid = self.caption_mask
+        allowed = causal & (valid[:, None, :] | ~valid[:, :, None])
+        return self.layout.expand(allowed).unsqueeze(1)  # the unconditional row reuses the conditional mask
+
+    def prefill(self) -> dict[str, torch.Tensor]:
+        self.clock.section("verify")
+        uncond = self.null_condition() if self.layout.groups == 2 else None
+        condition = self.conditions if uncond is None else torch.cat([self.conditions, uncond])
+        out = self.engines.graphs["target_prefill"].run(condition=condition, attn_mask=self.prefill_mask(),
+                                                        cfg_mix=self.cfg_mix)
+        self.clock.section("other")
+        c = torch.arange(self.C, device=self.dev)
+        self.kv.commit(out["new_kv"], c.expand(self.n, -1), torch.full((self.n,), self.C, device=self.dev))
+        self.root = sample(self.proc.probs(out["logits"]), self.proc.greedy, self.gen)
+        return out
+
+    def null_condition(self) -> torch.Tensor:
+        if self.cfg.model_type == "c2i":
+            return torch.full((self.n,), self.cfg.null_class, dtype=torch.long, device=self.dev)
+        return self.engines.null_condition.to(self.dev, self.engines.dtype).expand(self.n, -1, -1)
+
+    def verify(self, new_ids: torch.Tensor, positions: torch.Tensor, new_visible: torch.Tensor):
+        """One target forward over ``new_ids [n, T]`` at ``positions [n, T]`` with visibility ``[n, T, T]``."""
+        self.clock.section("verify")
+        t = new_ids.shape[1]
+        out = self.engines.graphs["target_verify"].run(
+            input_ids=self.layout.expand(new_ids),
+            position_ids=self.layout.expand(positions.clamp(max=self.max_position())),
+            attn_mask=attention_mask(self.layout, self.kv.prefix_visible(t), new_visible),
+            past_kv=self.kv.kv, cfg_mix=self.cfg_mix)
+        self.clock.section("other")
+        return out
+
+    def append_tokens(self, values: torch.Tensor, count: torch.Tensor) -> None:
+        """Commit ``values[i, :count[i]]`` after image i's tokens."""
+        j = torch.arange(values.shape[1], device=self.dev)
+        valid = j < count[:, None]
+        img, col = valid.nonzero(as_tuple=True)
+        self.tokens[img, self.count[img] + col] = values[img, col]
+        self.count = self.count + count
+
+    def finish(self) -> tuple[torch.Tensor, list[ImageStats]]:
+        self.tokens[self.arange, self.count.clamp(max=self.tokens.shape[1] - 1)] = self.root
+        times = self.clock.stop()
+        for s in self.stats:
+            s.tokens = self.N
+            s.draft_seconds, s.verify_seconds, s.other_seconds = (times[k] / self.n for k in ("draft", "verify", "other"))
+            s.seconds = sum(times.values()) / self.n
+        return self.tokens[:, : self.N].clone(), self.stats
+
+
+# ---------------------------------------------------------------------- vanilla AR
+
+
+def decode_ar(d: Decoding) -> tuple[torch.Tensor, list[ImageStats]]:
+    d.prefill()
+    one = torch.ones(d.n, 1, 1, dtype=torch.bool, device=d.dev)
+    while (active := d.active).any():
+        out = d.verify(d.root[:, None], (d.C + d.count)[:, None], one)
+        step = active.long()
+        d.kv.commit(out["new_kv"], torch.zeros(d.n, 1, dtype=torch.long, device=d.dev), step)
+        before = d.count.clone()
+        d.append_tokens(d.root[:, None], step)
+        nxt = sample(d.proc.probs(out["logits"][:, 0]), d.proc.greedy, d.gen)
+        d.root = torch.where(active, nxt, d.root)
+        for i in active.nonzero().flatten().tolist():
+            d.stats[i].target_forwards += 1
+            d.stats[i].trace.append(["ar", int(before[i]), 1])
+    return d.finish()
+
+
+# ---------------------------------------------------------------------- speculative decoding (SD, LANTERN, VVS)
+
+
+def decode_speculative(d: Decoding) -> tuple[torch.Tensor, list[ImageStats]]:
+    opts, e, n, dev = d.opts, d.engines, d.n, d.dev
+    if opts.draft_top_k > e.max_draft_top_k:
+        raise OptionsError(f"option draft_top_k={opts.draft_top_k}: the drafter graph returns at most "
+                           f"{e.max_draft_top_k} candidates per node")
+    relax = Relaxation(e.neighbours(opts.lantern_k), opts.lantern_delta) if opts.relaxed else None
+    graph_inputs = {"cfg_mix": d.cfg_mix, **d.proc.graph_inputs()}
+    drafter = TreeDrafter(e.graphs["drafter_step"], d.layout, e.drafter_layers, d.cfg.n_head, d.cfg.head_dim,
+                          d.C + d.N + d.slack, opts.depth, opts.draft_top_k, d.max_position(), e.dtype, dev)
+    width = opts.max_path_tokens  # widest chain, path, or drafter update
+    features = FeatureCache(d.layout, d.C + d.N + d.slack, d.cfg.dim, e.dtype, dev)
+
+    pre = d.prefill()
+    features.append(pre["hidden"], torch.arange(d.C, device=dev).expand(n, -1), torch.full((n,), d.C, device=dev))
+    # EAGLE pairing: the drafter slot consuming the token at position p + 1 gets the feature of position p.
+    # The first slots consume the condition slots 1 … C-1 (placeholder id 0) and the first image token.
+    first_ids = torch.zeros(n, d.C, dtype=torch.long, device=dev)
+    first_ids[:, -1] = d.root
+    feed = (first_ids, pre["hidden"], torch.arange(1, d.C + 1, device=dev).expand(n, -1),
+            torch.full((n,), d.C, device=dev))
+
+    chain = torch.zeros(n, width, dtype=torch.long, device=dev)  # unverified tokens awaiting verification
+    chain_len = torch.zeros(n, dtype=torch.long, device=dev)
+    last_skipped = torch.zeros(n, dtype=torch.bool, device=dev)
+    cycle = torch.zeros(n, dtype=torch.long, device=dev)
+    codebook = e.codebook
+
+    while (active := d.active).any():
+        # --- draft
+        d.clock.section("draft")
+        forwards_before = drafter.forwards
+        first = drafter.extend(*feed, graph_inputs)
+        root_pos = d.C + d.count
+        tree = drafter.grow(d.root, root_pos, first, opts.tree_size, graph_inputs)
+        d.clock.section("other")
+        for i in active.nonzero().flatten().tolist():
+            d.stats[i].drafter_forwards += drafter.forwards - forwards_before
+
+        # --- decide: skip this verification?
+        skip = torch.zeros(n, dtype=torch.bool, device=dev)
+        if opts.skips:
+            skip = active & decide_skip(opts, tree, cycle, d.count, last_skipped, codebook)
+        verifying = active & ~skip
+
+        next_ids = torch.zeros(n, width, dtype=torch.long, device=dev)
+        next_feats = torch.zeros(d.layout.rows, width, d.cfg.dim, dtype=e.dtype, device=dev)
+        next_count = torch.zeros(n, dtype=torch.long, device=dev)
+        new_root = d.root.clone()
+        before = d.count.clone()
+
+        # --- verify: the pending chain and the tree in one target forward
+        if verifying.any():
+            a_max = int(chain_len.max())
+            j = torch.arange(a_max, device=dev)
+            in_chain = j[None, :] < chain_len[:, None]  # [n, a_max]
+            t = tree.size
+            visible = torch.zeros(n, a_max + t, a_max + t, dtype=torch.bool, device=dev)
+            visible[:, :a_max, :a_max] = causal_within(chain_len, a_max)
+            visible[:, a_max:, :a_max] = in_chain[:, None, :]
+            visible[:, a_max:, a_max:] = tree.ancestors
+            chain_pos = d.kv.length[:, None] + j
+            out = d.verify(torch.cat([chain[:, :a_max], tree.tokens], 1),
+                           torch.cat([chain_pos, root_pos[:, None] + tree.depth], 1), visible)
+            tree_logits = out["logits"][:, a_max:]
+            if d.proc.greedy:
+                acc = greedy_accept(tree, tree_logits, relax)
+            else:
+                acc = sample_accept(tree, d.proc.probs(tree_logits), relax, opts.draft_top_k, d.gen)
+            length = torch.where(verifying, acc.length, 0)
+            # target rows to keep: the chain, then the accepted path
+            keep = torch.cat([j.expand(n, -1), a_max + acc.nodes.clamp(min=0)], 1)
+            keep_ok = torch.cat([in_chain, acc.nodes >= 0], 1)
+            keep = _compact(keep, keep_ok)
+            kept = torch.where(verifying, chain_len + length, 0)
+            d.kv.commit(out["new_kv"], keep, kept)
+            features.append(out["hidden"], keep, kept)
+            path_tokens = tree.tokens.gather(1, acc.nodes.clamp(min=0))
+            d.append_tokens(path_tokens, length)
+            # next drafter slots: the accepted drafts and the new root, fed the features of the accepted nodes
+            shifted = torch.cat([path_tokens[:, 1:], torch.zeros_like(path_tokens[:, :1])], 1)
+            shifted = shifted.scatter(1, (length - 1).clamp(min=0)[:, None], acc.bonus[:, None])
+            w = min(width, shifted.shape[1])
+            next_ids[:, :w] = torch.where(verifying[:, None], shifted[:, :w], next_ids[:, :w])
+            node_rows = d.layout.expand(a_max + acc.nodes.clamp(min=0))[:, :w]
+            rows = torch.arange(d.layout.rows, device=dev)[:, None]
+            next_feats[:, :w] = torch.where(d.layout.expand(verifying)[:, None, None],
+                                            out["hidden"][rows, node_rows].to(e.dtype), next_feats[:, :w])
+            next_count = torch.where(verifying, length, next_count)
+            new_root = torch.where(verifying, acc.bonus, new_root)
+            chain_len = torch.where(verifying, 0, chain_len)
+            for i in verifying.nonzero().flatten().tolist():
+                s = d.stats[i]
+                s.target_forwards += 1
+                s.accept_lengths.append(int(length[i]))
+                s.trace.append(["verify", int(before[i]), int(length[i])])
+
+        # --- skip: accept a drafted path without verification
+        if skip.any():
+            picked, a, skip_root = select_unverified(tree, width, d.gen)
+            a = torch.where(skip, a, 0)
+            d.append_tokens(picked, a)
+            chain = torch.where(skip[:, None], picked, chain)
+            chain_len = torch.where(skip, a, chain_len)
+            # the drafter consumes the chain's drafts and the new root, fed the most recent cached features
+            next_ids[:, :-1] = torch.where(skip[:, None], picked[:, 1:], next_ids[:, :-1])
+            next_feats = torch.where(d.layout.expand(skip)[:, None, None], features.most_recent(a, width), next_feats)
+            next_count = torch.where(skip, a, next_count)
+            new_root = torch.where(skip, skip_root, new_root)
+            for i in skip.nonzero().flatten().tolist():
+                s = d.stats[i]
+                s.skipped_verifications += 1
+                s.skip_lengths.append(int(a[i]))
+                s.trace.append(["skip", int(before[i]), int(a[i])])
+
+        d.root = new_root
+        feed = (next_ids, next_feats, root_pos[:, None] + 1 + torch.arange(width, device=dev), next_count)
+        last_skipped = torch.where(active, skip, last_skipped)
+        cycle = cycle + active.long()
+    return d.finish()
+
+
+def _compact(index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Move the valid entries of each row to the front (stable), padding with 0."""
+    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
+    return torch.where(valid.gather(1, order), index.gather(1, order), 0)
+
+
+def generate_tokens(engines: EngineSet, conditions: torch.Tensor, opts: DecodeOptions, seed: int,
+                    caption_mask: torch.Tensor | None = None):
+    """Decode one batch. ``conditions``: class ids ``[n]`` or left-padded captions ``[n, C, caption_dim]`` with
+    ``caption_mask [n, C]`` (True = valid). Returns ``(tokens [n, N], [ImageStats] * n)``."""
+    d = Decoding(engines, conditions, opts, seed, caption_mask)
+    return decode_ar(d) if opts.mode == "ar" else decode_speculative(d)

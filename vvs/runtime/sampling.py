@@ -1,0 +1,73 @@
+"""Classifier-free guidance and the logits processor, written once for the runtime and the exported graphs.
+
+Guidance is a mixing matrix over batch rows, ``mixed = cfg_mix @ logits``: with rows ``[cond; uncond]`` it is
+``[s·I, (1 - s)·I]`` (= ``l_u + s·(l_c - l_u)``), without guidance it is ``I``. One graph then serves every
+scale, with or without the unconditional half.
+
+The processor applies temperature, then top-k, then top-p (LlamaGen's order; the SD code's order differs only
+when both filters are active). It takes tensors so that the same function exports to ONNX unchanged.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def cfg_matrix(num_images: int, scale: float, dtype=torch.float32, device=None) -> torch.Tensor:
+    """``[n, 2n]`` guidance mix for rows ``[cond; uncond]``; ``[n, n]`` identity when ``scale == 1``."""
+    eye = torch.eye(num_images, dtype=dtype, device=device)
+    if scale == 1.0:
+        return eye
+    return torch.cat([scale * eye, (1.0 - scale) * eye], dim=1)
+
+
+def mix(cfg_mix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Apply ``cfg_mix [n, B]`` over the batch axis of ``x [B, ...]``."""
+    return (cfg_mix @ x.flatten(1).to(cfg_mix.dtype)).view(cfg_mix.shape[0], *x.shape[1:])
+
+
+def filter_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
+    """Temperature, top-k (``top_k <= 0`` or ``>= vocab`` keeps all), top-p; removed entries become -inf.
+
+    temperature/top_p: float tensors of one element; top_k: int64 tensor of one element.
+    """
+    vocab = logits.shape[-1]
+    logits = logits / temperature.clamp_min(1e-5)
+    ordered = torch.sort(logits, dim=-1, descending=True).values
+    k = torch.where(top_k <= 0, torch.full_like(top_k, vocab), top_k.clamp(max=vocab))
+    kth = ordered.gather(-1, (k - 1).expand(*ordered.shape[:-1], 1))
+    ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+    probs = torch.softmax(ordered, dim=-1)
+    keep = ((probs.cumsum(-1) - probs) < top_p) | (top_p >= 1.0)
+    cutoff = ordered.gather(-1, keep.sum(-1, keepdim=True) - 1)
+    return logits.masked_fill(logits < torch.maximum(kth, cutoff), float("-inf"))
+
+
+class Processor:
+    """The options' logits processor bound to tensors once (runtime side)."""
+
+    def __init__(self, temperature: float, top_k: int, top_p: float, device=None):
+        self.greedy = temperature == 0
+        self.identity = temperature == 1.0 and top_k <= 0 and top_p >= 1.0
+        self.temperature = torch.tensor([max(float(temperature), 1e-5)], device=device)
+        self.top_k = torch.tensor([top_k], dtype=torch.long, device=device)
+        self.top_p = torch.tensor([float(top_p)], device=device)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Target distribution used for sampling and acceptance (greedy: the plain softmax)."""
+        if self.greedy or self.identity:
+            return torch.softmax(logits.float(), dim=-1)
+        return torch.softmax(filter_logits(logits.float(), self.temperature, self.top_k, self.top_p), dim=-1)
+
+    def graph_inputs(self) -> dict[str, torch.Tensor]:
+        """What the drafter graph's in-graph processor needs; greedy drafts from the unfiltered distribution."""
+        if self.greedy:
+            return {"temperature": torch.ones_like(self.temperature), "top_k": torch.zeros_like(self.top_k),
+                    "top_p": torch.ones_like(self.top_p)}
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+
+def sample(probs: torch.Tensor, greedy: bool, gen: torch.Generator | None) -> torch.Tensor:
+    """One token per row of ``probs [n, V]``."""
+    if greedy:
+        return probs.argmax(-1)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
