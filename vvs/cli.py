@@ -6,6 +6,7 @@ with code 2; nothing half-written is left behind (writers use a temporary name a
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -53,14 +54,157 @@ def with_model_options(fn):
     return fn
 
 
-@click.command(help="Export the target, drafter and VQ decoder to ONNX and write an engine folder.")
+@click.command(help="Export the target, drafter and VQ decoder to ONNX and write an engine folder "
+                    "(graphs, tables, torch weights, manifest.json). With no checkpoint options it exports the "
+                    "model that ships with vvs.")
 @with_model_options
-def export_cmd(model, config, t2i, checkpoint, vq, vq_config, drafter, ema):
-    from vvs.models.bundle import load_bundle
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+              help="fp16: half-precision graphs (RMSNorm, RoPE and logits stay fp32). int8: the target's linear "
+                   "layers as explicit Q/DQ (SmoothQuant W8A8), the rest fp16 on GPU builds / fp32 here.")
+@click.option("--out", type=click.Path(file_okay=False), default="engines", show_default=True,
+              help="Engine folder to write (replaced only once the new one is complete).")
+@click.option("--max-draft-top-k", type=click.IntRange(1, 64), default=10, show_default=True,
+              help="Candidates per node the drafter graph returns (upper bound for --draft-top-k at run time).")
+@click.option("--lantern-k", type=click.IntRange(1), default=None,
+              help="LANTERN neighbours stored per code (default: the decoding default lantern_k).")
+@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True,
+              help="tensorrt also builds TensorRT engines from the graphs (needs TensorRT 11 and a GPU).")
+def export_cmd(model, config, t2i, checkpoint, vq, vq_config, drafter, ema, precision, out, max_draft_top_k,
+               lantern_k, backend):
+    import time
 
+    from vvs.export.exporter import export_folder
+    from vvs.models.bundle import load_bundle, shipped_info
+
+    start = time.time()
     bundle = load_bundle(checkpoint, config, vq, vq_config, drafter, t2i=t2i, ema=ema)
     click.echo(bundle.summary())
-    raise VVSError("ONNX export is not implemented yet")
+    shipped = shipped_info() if not (checkpoint or drafter or vq) else None
+    extra = {"classes": [c["name"] for c in shipped["classes"]], "image_size": shipped["image_size"]} if shipped else {}
+    defaults = shipped["decoding_defaults"] if shipped else {}
+    if precision == "int8":
+        from vvs.calib.int8 import export_int8_folder
+
+        manifest = export_int8_folder(bundle, Path(out), max_draft_top_k, lantern_k, defaults, extra)
+    else:
+        manifest = export_folder(bundle, Path(out), precision, max_draft_top_k, lantern_k, defaults, extra)
+    if backend == "tensorrt":
+        from vvs.engines.tensorrt_build import build_folder
+
+        build_folder(Path(out))
+    total = sum(f["bytes"] for f in manifest["files"].values())
+    click.echo(f"wrote {out}/: {len(manifest['graphs'])} graphs ({precision}, opset {manifest['versions']['opset']}), "
+               f"{len(manifest['files'])} files, {total / 1e6:.1f} MB, in {time.time() - start:.0f} s")
+    click.echo(f"next: vvs-run --engine {out}")
+
+
+# --------------------------------------------------------------------------- vvs-run
+
+decoding_options = [
+    click.option("--temperature", type=float, default=None, help="Sampling temperature; 0 means greedy."),
+    click.option("--top-k", type=int, default=None, help="Keep the k most likely tokens (0: all)."),
+    click.option("--top-p", type=float, default=None, help="Nucleus sampling mass in (0, 1]."),
+    click.option("--cfg", "cfg_scale", type=float, default=None, help="Classifier-free guidance scale (1: off)."),
+    click.option("--tree-size", type=int, default=None, help="Draft-tree nodes verified per step, root included."),
+    click.option("--depth", type=int, default=None, help="Tree expansion rounds (paths hold up to depth + 1 drafts)."),
+    click.option("--draft-top-k", type=int, default=None, help="Children per expanded node."),
+    click.option("--skip-policy", type=click.Choice(["uniform", "dynamic"]), default=None, help="VVS skip schedule."),
+    click.option("--skip-interval", type=int, default=None, help="uniform: skip one verification every N cycles."),
+    click.option("--sim-threshold", type=float, default=None, help="dynamic: latent similarity needed to skip."),
+    click.option("--lantern-k", type=int, default=None, help="LANTERN: latent neighbours per drafted token."),
+    click.option("--lantern-delta", type=float, default=None, help="LANTERN: total-variation budget δ."),
+]
+
+
+def with_decoding_options(fn):
+    for option in reversed(decoding_options):
+        fn = option(fn)
+    return fn
+
+
+def resolve_classes(values: tuple[str, ...], names: list[str] | None, num_classes: int, count: int) -> list[int]:
+    """Class ids from ``--class`` values (ids or names), cycled to ``count`` images."""
+    if not values:
+        return [i % num_classes for i in range(count)]
+    ids = []
+    for v in values:
+        if v.lstrip("-").isdigit():
+            ids.append(int(v))
+        elif names and v in names:
+            ids.append(names.index(v))
+        else:
+            known = f"; known names: {', '.join(names)}" if names else ""
+            raise VVSError(f"option --class {v!r}: not a class id or name{known}")
+    for i in ids:
+        if not 0 <= i < num_classes:
+            raise VVSError(f"option --class {i}: out of range, the model has {num_classes} classes (0-{num_classes - 1})")
+    return [ids[i % len(ids)] for i in range(max(count, len(ids)))]
+
+
+@click.command(help="Generate images from an engine folder and report decoding statistics. Modes: ar (vanilla), "
+                    "sd (EAGLE-2 speculative decoding), lantern (relaxed acceptance), vvs (verification skipping). "
+                    "Defaults come from the folder's manifest.")
+@click.option("--engine", "engine_dir", type=click.Path(), default="engines", show_default=True, help="Engine folder.")
+@click.option("--backend", type=click.Choice(["auto", "onnxruntime", "torch", "tensorrt"]), default="auto",
+              show_default=True)
+@click.option("--device", default=None, help="cpu or cuda (default: what the backend finds).")
+@click.option("--mode", "modes", multiple=True, type=click.Choice(["ar", "sd", "lantern", "vvs"]),
+              help="Decoding mode; repeat to compare modes on the same classes and seeds. Default: the manifest's.")
+@click.option("--class", "classes", multiple=True, help="Class id or name; repeatable. Default: 0, 1, 2, ...")
+@click.option("--num-images", type=click.IntRange(1), default=None, help="Images per mode (default: one per --class, or 4).")
+@click.option("--batch-size", type=click.IntRange(1), default=8, show_default=True, help="Images decoded together.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@with_decoding_options
+@click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads for the backend.")
+@click.option("--out", type=click.Path(file_okay=False), default="outputs", show_default=True,
+              help="Folder for the PNGs and the grid.")
+@click.option("--stats-json", type=click.Path(dir_okay=False), default=None, help="Write per-image statistics here.")
+@click.option("--save-tokens", type=click.Path(dir_okay=False), default=None, help="Write token ids (.npy) here.")
+def run_cmd(engine_dir, backend, device, modes, classes, num_images, batch_size, seed, threads, out, stats_json,
+            save_tokens, **decoding):
+    from vvs.engines import load_engines
+    from vvs.engines.manifest import read_manifest
+    from vvs.output import RunWriter
+    from vvs.runtime.pipeline import Pipeline
+
+    manifest = read_manifest(Path(engine_dir))
+    writer = RunWriter(Path(out), stats_json, save_tokens)  # fails early on unwritable places
+    engines = load_engines(engine_dir, backend, device, threads)
+    pipe = Pipeline(engines)
+    overrides = {k: v for k, v in decoding.items() if v is not None}
+    target = engines.target
+    if target.model_type != "c2i":
+        raise VVSError("vvs-run generates class-conditional images; use the Pipeline API with caption embeddings "
+                       "for text-conditional models")
+    labels = resolve_classes(classes, manifest["model"].get("classes"), target.num_classes,
+                             num_images or (len(classes) or 4))
+    names = manifest["model"].get("classes")
+    for mode in modes or (pipe.options.mode,):
+        pipe.options.updated(mode=mode, **overrides)  # validate before any work
+        results = []
+        for start in range(0, len(labels), batch_size):
+            chunk = torch_tensor(labels[start : start + batch_size])
+            results.append(pipe.generate(chunk, mode=mode, seed=seed + start, **overrides))
+        writer.add(mode, labels, results, names)
+    writer.finish(engines.backend)
+
+
+def torch_tensor(values):
+    import torch
+
+    return torch.tensor(values, dtype=torch.long)
+
+
+def export_main():
+    _main(export_cmd, "vvs-export")
+
+
+def run_main():
+    _main(run_cmd, "vvs-run")
+
+
+def bench_main():
+    _main(_not_implemented("vvs-bench"), "vvs-bench")
 
 
 def _not_implemented(name: str) -> click.Command:
@@ -71,17 +215,62 @@ def _not_implemented(name: str) -> click.Command:
     return stub
 
 
-def export_main():
-    _main(export_cmd, "vvs-export")
+@click.group(help="Train models: reproduce the shipped model set, or train a drafter for your own target.")
+def train_cmd():
+    pass
 
 
-def run_main():
-    _main(_not_implemented("vvs-run"), "vvs-run")
+@train_cmd.command("all", help="Reproduce the shipped weights (tokenizer, target, drafter, classifier) from a "
+                               "fixed seed. Resumable: rerun the same command after an interruption.")
+@click.option("--out", type=click.Path(file_okay=False), default="runs/shipped", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def train_all(out, seed):
+    from vvs.train.shipped import reproduce
+
+    weights = reproduce(Path(out), seed)
+    click.echo(f"wrote {weights} (copy its files to vvs/weights/ to ship them); curves: {Path(out) / 'training_curves.png'}")
 
 
-def bench_main():
-    _main(_not_implemented("vvs-bench"), "vvs-bench")
+@train_cmd.command("drafter", help="Train an EAGLE/LANTERN drafter for a target. --data is an .npz with "
+                                   "'tokens' [M, N] (your images' VQ codes) and 'labels' [M] (c2i) or "
+                                   "'captions' [M, C, caption_dim] + 'caption_mask' [M, C] (t2i, left-padded).")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), required=True, help="Target weights.")
+@click.option("--config", default=None, help="Named GPT size of an official checkpoint (e.g. GPT-XL).")
+@click.option("--t2i", is_flag=True, help="The target is text-conditional.")
+@click.option("--data", type=click.Path(dir_okay=False, exists=True), required=True)
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Folder for checkpoints and drafter.safetensors.")
+@click.option("--steps", type=click.IntRange(1), default=1500, show_default=True)
+@click.option("--batch", type=click.IntRange(1), default=16, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def train_drafter_cmd(checkpoint, config, t2i, data, out, steps, batch, lr, seed):
+    import numpy as np
+    import torch
+
+    from vvs.models import gpt_config, load_gpt, save_model
+    from vvs.train.drafter import train_drafter
+
+    try:
+        cfg = gpt_config(config, **({"model_type": "t2i"} if t2i else {})) if config else None
+    except KeyError as err:
+        raise VVSError(str(err.args[0])) from None
+    target = load_gpt(checkpoint, cfg)
+    try:
+        arrays = np.load(data)
+        tokens = torch.from_numpy(arrays["tokens"]).long()
+        key = "labels" if target.config.model_type == "c2i" else "captions"
+        conditions = torch.from_numpy(arrays[key])
+        mask = torch.from_numpy(arrays["caption_mask"]).bool() if key == "captions" else None
+    except (OSError, ValueError, KeyError) as err:
+        raise VVSError(f"{data}: not a usable drafter dataset ({err}); see vvs-train drafter --help") from None
+    if tokens.dim() != 2 or tokens.shape[1] != target.config.num_image_tokens or len(conditions) != len(tokens):
+        raise VVSError(f"{data}: tokens must be [M, {target.config.num_image_tokens}] with one condition per row, "
+                       f"got {list(tokens.shape)} and {len(conditions)} conditions")
+    drafter = train_drafter(target, conditions.long() if key == "labels" else conditions.float(), tokens, Path(out),
+                            seed, steps=steps, batch=batch, lr=lr, caption_mask=mask)
+    path = save_model(drafter, Path(out) / "drafter.safetensors", "drafter")
+    click.echo(f"wrote {path}")
 
 
 def train_main():
-    _main(_not_implemented("vvs-train"), "vvs-train")
+    _main(train_cmd, "vvs-train")

@@ -1,0 +1,41 @@
+"""Backends behind one interface (:class:`~vvs.engines.base.EngineSet`): torch, ONNX Runtime, TensorRT."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vvs.engines.base import EngineSet
+from vvs.errors import VVSError
+
+BACKENDS = ("auto", "onnxruntime", "torch", "tensorrt")
+
+
+def load_engines(folder: str | Path, backend: str = "auto", device: str | None = None,
+                 threads: int | None = None, cuda_graphs: bool = False) -> EngineSet:
+    """Open an engine folder with a backend. ``auto``: TensorRT engines if built and TensorRT is installed,
+    else ONNX Runtime (CUDA when onnxruntime-gpu and a GPU are present, else CPU)."""
+    if backend not in BACKENDS:
+        raise VVSError(f"option backend={backend!r}: choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        from vvs.engines.tensorrt_backend import tensorrt_ready
+
+        backend = "tensorrt" if tensorrt_ready(folder) else "onnxruntime"
+    if backend == "tensorrt":
+        from vvs.engines.tensorrt_backend import load_tensorrt
+
+        return load_tensorrt(folder, device or "cuda")
+    if backend == "torch":
+        from vvs.engines.torch_backend import load_torch_folder
+
+        return load_torch_folder(folder, device or ("cuda" if torch.cuda.is_available() else "cpu"),
+                                 threads=threads, cuda_graphs=cuda_graphs)
+    from vvs.engines.onnxruntime_backend import load_onnxruntime
+
+    import onnxruntime as ort
+
+    default = "cuda" if torch.cuda.is_available() and "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+    return load_onnxruntime(folder, device or default, threads=threads)
+
+
+__all__ = ["BACKENDS", "EngineSet", "load_engines"]

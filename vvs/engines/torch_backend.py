@@ -45,3 +45,30 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
         null_condition=(None if bundle.target.config.model_type == "c2i"
                         else bundle.target.cls_embedding.uncond_embedding.detach().clone()),
     )
+
+
+def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_graphs: bool = False) -> EngineSet:
+    """The torch backend over an engine folder's stored weights (same defaults and tables as the graphs)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from vvs.engines.manifest import TORCH_WEIGHTS, read_manifest, verify_files
+    from vvs.models.loading import load_drafter, load_gpt, load_vq
+
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    verify_files(folder, manifest, list(TORCH_WEIGHTS.values()) + [manifest["tables"]["file"]])
+    if threads:
+        torch.set_num_threads(threads)
+    target = load_gpt(folder / TORCH_WEIGHTS["target"])
+    bundle = ModelBundle(target, load_drafter(folder / TORCH_WEIGHTS["drafter"], target.config),
+                         load_vq(folder / TORCH_WEIGHTS["vq"]))
+    dtype = torch.float16 if manifest["precision"] == "fp16" else torch.float32
+    engines = torch_engines(bundle, device, dtype, manifest["max_draft_top_k"], manifest["decoding_defaults"])
+    engines.neighbour_table = load_file(folder / manifest["tables"]["file"])["neighbours"].to(engines.device)
+    if cuda_graphs:
+        from vvs.engines.cuda_graphs import capture_graphs
+
+        capture_graphs(engines)
+    return engines

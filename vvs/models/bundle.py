@@ -33,6 +33,16 @@ class ModelBundle:
         ])
 
 
+def shipped_info() -> dict:
+    """``shipped.json``: configs, classes, licences, metrics and sha256 of the shipped weights."""
+    import json
+
+    path = SHIPPED_DIR / "shipped.json"
+    if not path.is_file():
+        raise VVSError(f"{path}: missing; reinstall vvs")
+    return json.loads(path.read_text())
+
+
 def shipped_path(name: str) -> Path:
     path = SHIPPED_DIR / SHIPPED[name]
     if not path.is_file():

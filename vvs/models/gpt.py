@@ -250,3 +250,13 @@ class GPT(nn.Module):
 def causal_mask(length: int, device=None) -> torch.Tensor:
     """Bool ``[1, 1, length, length]`` lower-triangular mask (True = may attend)."""
     return torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
+
+
+def caption_causal_mask(caption_mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Bool ``[B, 1, length, length]`` causal mask over ``[caption slots ‖ image tokens]`` for a left-padded
+    caption (``caption_mask [B, C]``, True = valid). Valid positions never see padded slots; a padded slot sees
+    the slots up to itself, as in LlamaGen's HF port (its rows become drafter features, so this matters)."""
+    b, c = caption_mask.shape
+    valid = torch.cat([caption_mask, caption_mask.new_ones(b, length - c)], dim=1)
+    causal = torch.ones(length, length, dtype=torch.bool, device=caption_mask.device).tril()
+    return (causal & (valid[:, None, :] | ~valid[:, :, None])).unsqueeze(1)

@@ -84,8 +84,8 @@ class AttnBlock(nn.Module):
     def forward(self, x):
         h = self.norm(x)
         b, c, hh, ww = x.shape
-        q, k, v = (m(h).reshape(b, c, hh * ww).transpose(1, 2) for m in (self.q, self.k, self.v))
-        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, c, hh, ww)
+        q, k, v = (m(h).reshape(b, 1, c, hh * ww).transpose(2, 3) for m in (self.q, self.k, self.v))  # one head
+        out = F.scaled_dot_product_attention(q, k, v).transpose(2, 3).reshape(b, c, hh, ww)
         return x + self.proj_out(out)
 
 

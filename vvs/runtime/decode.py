@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from vvs.engines.base import EngineSet
+from vvs.models.gpt import caption_causal_mask, causal_mask
 from vvs.runtime.accept import Relaxation, greedy_accept, sample_accept
 from vvs.runtime.cache import FeatureCache, KVCache, RowLayout, attention_mask, causal_within
 from vvs.runtime.options import DecodeOptions, OptionsError
@@ -65,13 +66,9 @@ class Decoding:
     def prefill_mask(self) -> torch.Tensor:
         """Causal over the condition slots. With a left-padded caption, valid slots do not see padded ones and a
         padded slot sees the slots up to itself (LlamaGen's HF port; those rows become drafter features)."""
-        c = self.C
-        causal = torch.ones(c, c, dtype=torch.bool, device=self.dev).tril()
         if self.caption_mask is None:
-            return causal.expand(self.layout.rows, 1, c, c)
-        valid = self.caption_mask
-        allowed = causal & (valid[:, None, :] | ~valid[:, :, None])
-        return self.layout.expand(allowed).unsqueeze(1)  # the unconditional row reuses the conditional mask
+            return causal_mask(self.C, self.dev).expand(self.layout.rows, -1, -1, -1)
+        return self.layout.expand(caption_causal_mask(self.caption_mask, self.C))  # uncond rows reuse the cond mask
 
     def prefill(self) -> dict[str, torch.Tensor]:
         self.clock.section("verify")

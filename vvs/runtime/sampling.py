@@ -32,7 +32,7 @@ def filter_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     """
     vocab = logits.shape[-1]
     logits = logits / temperature.clamp_min(1e-5)
-    ordered = torch.sort(logits, dim=-1, descending=True).values
+    ordered = torch.topk(logits, vocab, dim=-1).values  # a constant K, which TensorRT requires
     k = torch.where(top_k <= 0, torch.full_like(top_k, vocab), top_k.clamp(max=vocab))
     kth = ordered.gather(-1, (k - 1).expand(*ordered.shape[:-1], 1))
     ordered = ordered.masked_fill(ordered < kth, float("-inf"))

@@ -15,13 +15,14 @@ import torch
 import torch.nn.functional as F
 
 from vvs.models.drafter import Drafter, DrafterConfig
-from vvs.models.gpt import GPT, causal_mask
+from vvs.models.gpt import GPT, caption_causal_mask, causal_mask
 from vvs.train.loop import Schedule, train
 
 
 def drafter_batch(target: GPT, conditions: torch.Tensor, tokens: torch.Tensor, class_dropout: float,
-                  gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """Teacher-forced target features for one batch: ``(ids, positions, features, target_features)``."""
+                  gen: torch.Generator, caption_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """Teacher-forced target features for one batch: ``(ids, positions, features, target_features)``.
+    A dropped caption is replaced by the unconditional one under the same padding mask, as at inference."""
     cfg = target.config
     b = tokens.shape[0]
     drop = torch.rand(b, generator=gen) < class_dropout
@@ -29,8 +30,9 @@ def drafter_batch(target: GPT, conditions: torch.Tensor, tokens: torch.Tensor, c
         conditions = torch.where(drop, cfg.null_class, conditions)
     else:
         conditions = torch.where(drop[:, None, None], target.cls_embedding.uncond_embedding, conditions)
+    mask = None if caption_mask is None else caption_causal_mask(caption_mask, cfg.cls_token_num + tokens.shape[1])
     with torch.no_grad():
-        hidden = target.teacher_forced(conditions, tokens).hidden  # [b, C + N, D]
+        hidden = target.teacher_forced(conditions, tokens, mask).hidden  # [b, C + N, D]
     c = cfg.cls_token_num
     # slot p consumes the token at position p + 1 (condition slots carry the placeholder id 0)
     ids = torch.cat([torch.zeros(b, c - 1, dtype=torch.long), tokens], dim=1)[:, : c - 1 + tokens.shape[1]]
@@ -54,8 +56,9 @@ def drafter_loss(drafter: Drafter, head: torch.nn.Linear, ids, positions, featur
 
 def train_drafter(target: GPT, conditions: torch.Tensor, tokens: torch.Tensor, out_dir: Path, seed: int,
                   steps: int = 1500, batch: int = 16, lr: float = 1e-3, class_dropout: float = 0.1,
-                  config: DrafterConfig | None = None) -> Drafter:
-    """``conditions [M]`` class ids (or ``[M, C, caption_dim]`` captions) and ``tokens [M, N]``."""
+                  config: DrafterConfig | None = None, caption_mask: torch.Tensor | None = None) -> Drafter:
+    """``conditions [M]`` class ids, or ``[M, C, caption_dim]`` left-padded captions with ``caption_mask [M, C]``;
+    ``tokens [M, N]`` the images' codes."""
     target.eval().requires_grad_(False)
     torch.manual_seed(seed)
     drafter = Drafter(config or DrafterConfig.for_target(target.config), target.config)
@@ -65,7 +68,8 @@ def train_drafter(target: GPT, conditions: torch.Tensor, tokens: torch.Tensor, o
 
     def step_fn(step: int, gen: torch.Generator):
         pick = torch.randint(0, len(tokens), (batch,), generator=gen)
-        ids, pos, feats, goals = drafter_batch(target, conditions[pick], tokens[pick], class_dropout, gen)
+        masks = None if caption_mask is None else caption_mask[pick]
+        ids, pos, feats, goals = drafter_batch(target, conditions[pick], tokens[pick], class_dropout, gen, masks)
         return drafter_loss(drafter, target.output, ids, pos, feats, goals, first_slot, noise, gen)
 
     train("drafter", drafter, step_fn, Schedule(steps=steps, lr=lr, warmup=min(100, steps // 10)), out_dir, seed)

@@ -1,0 +1,218 @@
+"""ONNX export, the engine folder and the ONNX Runtime backend, against the torch reference."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from conftest import SMALL
+from vvs.engines import load_engines
+from vvs.engines.manifest import EngineFolderError
+from vvs.export.exporter import export_folder
+from vvs.export.graphs import build_graphs
+from vvs.export.onnx_export import export_graph, sample_inputs
+from vvs.export.spec import graph_specs
+from vvs.export.trt_check import tensorrt_problems
+from vvs.runtime.pipeline import Pipeline
+
+GRAPHS = ("target_prefill", "target_verify", "drafter_step", "vq_decode")
+
+
+@pytest.fixture(scope="module")
+def bundle(bundle_factory):
+    return bundle_factory()
+
+
+@pytest.fixture(scope="module")
+def folder(bundle, tmp_path_factory):
+    out = tmp_path_factory.mktemp("engines") / "tiny"
+    export_folder(bundle, out, decoding_defaults=SMALL, progress=False)
+    return out
+
+
+def torch_graphs(bundle):
+    return build_graphs(bundle.target, bundle.drafter, bundle.vq, 10)
+
+
+# shapes: AR step (new = 1), a full tree, a skipped chain + tree; short and long pasts
+SHAPES = [dict(batch=2, images=1, new=1, past=3), dict(batch=2, images=1, new=12, past=5),
+          dict(batch=6, images=3, new=16, past=17), dict(batch=3, images=3, new=4, past=2)]
+
+
+@pytest.mark.parametrize("dims", SHAPES)
+def test_every_graph_matches_torch_fp32(bundle, folder, dims):
+    engines = load_engines(folder, "onnxruntime", threads=1)
+    reference = torch_graphs(bundle)
+    vocab, max_pos = bundle.target.config.vocab_size, bundle.target.config.max_positions - 1
+    for name in GRAPHS:
+        spec = engines.graphs[name].spec
+        inputs = sample_inputs(spec, vocab, max_pos, dims)
+        got = engines.graphs[name].run(**dict(zip(spec.input_names, inputs)))
+        with torch.no_grad():
+            want = reference[name](*inputs)
+        want = want if isinstance(want, tuple) else (want,)
+        for out_spec, w in zip(spec.outputs, want):
+            g = got[out_spec.name]
+            if out_spec.name == "topk_ids":  # ids may swap places only where log-probs tie
+                assert (g == w).float().mean() > 0.99
+                continue
+            err = (g.float() - w.float()).abs()
+            finite = torch.isfinite(w.float())
+            assert torch.equal(finite, torch.isfinite(g.float())), f"{name}.{out_spec.name}"
+            assert err[finite].max() <= 1e-4, f"{name}.{out_spec.name}: {err[finite].max()}"
+
+
+def test_fp16_verify_graph_within_half_precision_error(bundle, tmp_path):
+    """fp16 weights and activations (RMSNorm, RoPE and logits in fp32): each of the ~10 matmuls rounds to 11
+    significant bits (relative 5e-4), so logits of magnitude ~10 carry ~1e-2 error; 5e-2 leaves room without
+    hiding a real bug (a wrong mask or position moves logits by O(1))."""
+    import copy
+
+    from vvs.models.layers import cast_floating
+
+    half = copy.deepcopy(bundle)
+    graph = cast_floating(torch_graphs(half)["target_verify"], torch.float16)
+    cfg = bundle.target.config
+    spec = graph_specs(cfg, bundle.drafter.config, bundle.vq.config, 10, "float16")["target_verify"]
+    path = tmp_path / "verify16.onnx"
+    export_graph(graph, spec, path, cfg.vocab_size, cfg.max_positions - 1)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    inputs = sample_inputs(spec, cfg.vocab_size, cfg.max_positions - 1, SHAPES[2])
+    got = session.run(None, {n: t.numpy() for n, t in zip(spec.input_names, inputs)})
+    fp32 = [t.float() if t.is_floating_point() else t for t in inputs]
+    with torch.no_grad():
+        want = torch_graphs(bundle)["target_verify"](*fp32)
+    assert np.abs(got[0] - want[0].numpy()).max() < 5e-2
+    assert np.abs(got[1].astype(np.float32) - want[1].numpy()).max() < 5e-2
+
+
+def test_graphs_pass_checker_and_tensorrt_parser_rules(folder):
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for name in GRAPHS:
+        model = onnx.load(str(folder / f"{name}.onnx"))
+        onnx.checker.check_model(model, full_check=True)
+        assert model.opset_import[0].version == 23
+        assert tensorrt_problems(model) == []
+        # caches are inputs, never baked-in constants
+        if name in ("target_verify", "drafter_step"):
+            assert "past_kv" in [i.name for i in model.graph.input]
+            kv_dims = [d.dim_param for d in next(i for i in model.graph.input if i.name == "past_kv").type.tensor_type.shape.dim]
+            assert kv_dims[2] == "batch" and kv_dims[4] == "past"
+        assert [i.name for i in model.graph.input] == [t["name"] for t in manifest["graphs"][name]["spec"]["inputs"]]
+
+
+def test_tensorrt_rules_catch_bad_graphs():
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    scale = helper.make_tensor("s", TensorProto.FLOAT, [], [0.1])
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s"], ["q"]), helper.make_node("DequantizeLinear", ["q", "s"], ["d"]),
+             helper.make_node("Hardmax", ["d"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [scale]))
+    problems = tensorrt_problems(model)
+    assert any("explicit int8 zero point" in p for p in problems)
+    assert any("Hardmax is not in TensorRT" in p for p in problems)
+
+
+def test_polygraphy_onnxrt_reproduces_torch_goldens(bundle, folder, tmp_path):
+    from polygraphy.comparator import RunResults
+    from polygraphy.comparator.struct import IterationResult
+    from polygraphy.json import save_json
+
+    spec = load_engines(folder, "onnxruntime").graphs["target_verify"].spec
+    cfg = bundle.target.config
+    inputs = sample_inputs(spec, cfg.vocab_size, cfg.max_positions - 1, SHAPES[1])
+    with torch.no_grad():
+        outputs = torch_graphs(bundle)["target_verify"](*inputs)
+    feed = {n: t.numpy() for n, t in zip(spec.input_names, inputs)}
+    save_json([feed], tmp_path / "inputs.json")
+    golden = RunResults()
+    golden.append(("torch", [IterationResult({n: o.numpy() for n, o in zip(spec.output_names, outputs)},
+                                             runner_name="torch")]))
+    golden.save(str(tmp_path / "golden.json"))
+    polygraphy = Path(sys.executable).with_name("polygraphy")
+    proc = subprocess.run([str(polygraphy), "run", str(folder / "target_verify.onnx"), "--onnxrt",
+                           "--load-inputs", str(tmp_path / "inputs.json"), "--load-outputs", str(tmp_path / "golden.json"),
+                           "--atol", "1e-4", "--rtol", "1e-4"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "PASSED" in proc.stdout
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd"])
+def test_greedy_tokens_identical_on_torch_and_onnxruntime(folder, mode):
+    classes = torch.tensor([1, 4, 7])
+    runs = [Pipeline(load_engines(folder, b, threads=1)).generate(classes, mode=mode, seed=3, temperature=0,
+                                                                   cfg_scale=2.0) for b in ("torch", "onnxruntime")]
+    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    assert (runs[0].images - runs[1].images).abs().max() < 1e-4
+
+
+def test_vvs_statistics_agree_between_backends(folder):
+    def stats(backend):
+        gen = Pipeline(load_engines(folder, backend, threads=1)).generate(
+            torch.tensor([2, 5]), mode="vvs", seed=1, temperature=0, cfg_scale=2.0, skip_interval=2)
+        return gen.tokens, [{k: v for k, v in s.to_dict().items() if "seconds" not in k} for s in gen.stats]
+
+    assert stats("torch")[1] == stats("onnxruntime")[1]
+
+
+# --------------------------------------------------------------------------- broken folders
+
+
+def broken_copy(folder, tmp_path):
+    copy = tmp_path / "broken"
+    shutil.copytree(folder, copy)
+    return copy
+
+
+def expect_folder_error(path, match):
+    with pytest.raises(EngineFolderError) as err:
+        load_engines(path, "onnxruntime")
+    assert "\n" not in str(err.value)
+    assert match in str(err.value)
+
+
+def test_missing_file(folder, tmp_path):
+    copy = broken_copy(folder, tmp_path)
+    (copy / "drafter_step.onnx").unlink()
+    expect_folder_error(copy, "drafter_step.onnx: missing from the engine folder")
+
+
+def test_truncated_file(folder, tmp_path):
+    copy = broken_copy(folder, tmp_path)
+    data = (copy / "target_verify.onnx").read_bytes()
+    (copy / "target_verify.onnx").write_bytes(data[: len(data) // 2])
+    expect_folder_error(copy, "target_verify.onnx: ")
+
+
+def test_edited_file(folder, tmp_path):
+    copy = broken_copy(folder, tmp_path)
+    data = bytearray((copy / "tables.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (copy / "tables.safetensors").write_bytes(bytes(data))
+    expect_folder_error(copy, "tables.safetensors: contents differ from the manifest's sha256")
+
+
+def test_mismatched_graph_even_with_a_consistent_manifest(folder, tmp_path):
+    from vvs.engines.manifest import file_record
+
+    copy = broken_copy(folder, tmp_path)
+    shutil.copy(copy / "drafter_step.onnx", copy / "target_verify.onnx")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["files"]["target_verify.onnx"] = file_record(copy / "target_verify.onnx")
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    expect_folder_error(copy, "target_verify.onnx: inputs")
+
+
+def test_not_an_engine_folder(tmp_path):
+    expect_folder_error(tmp_path, "manifest.json: missing")
+    (tmp_path / "manifest.json").write_text("{not json")
+    expect_folder_error(tmp_path, "not valid JSON")

@@ -1,0 +1,99 @@
+"""The engine folder: graphs, tables and ``manifest.json``, and its validation.
+
+``manifest.json`` records the model configs, each graph's file and I/O spec, the precision, the sha256 and size
+of every file, the tool versions, and the default decoding options. Loading checks all of it; any missing,
+truncated, edited or mismatched file is a one-line :class:`EngineFolderError` naming the file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import onnx
+
+from vvs.errors import VVSError
+from vvs.export.spec import GraphSpec
+
+FORMAT = "vvs-engine-folder/1"
+MANIFEST = "manifest.json"
+TABLES = "tables.safetensors"
+TORCH_WEIGHTS = {"target": "torch_target.safetensors", "drafter": "torch_drafter.safetensors",
+                 "vq": "torch_vq.safetensors"}
+
+
+class EngineFolderError(VVSError):
+    pass
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_record(path: Path) -> dict:
+    return {"sha256": sha256(path), "bytes": path.stat().st_size}
+
+
+def read_manifest(folder: Path) -> dict:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise EngineFolderError(f"{folder}: no such engine folder (create one with vvs-export)")
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise EngineFolderError(f"{path}: missing; {folder} is not an engine folder (create one with vvs-export)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise EngineFolderError(f"{path}: not valid JSON ({err}); re-export the folder") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise EngineFolderError(f"{path}: format {manifest.get('format') if isinstance(manifest, dict) else None!r} "
+                                f"is not {FORMAT!r}; re-export with this version of vvs")
+    for key in ("model", "graphs", "files", "precision", "decoding_defaults"):
+        if key not in manifest:
+            raise EngineFolderError(f"{path}: has no {key!r} entry; re-export the folder")
+    return manifest
+
+
+def verify_files(folder: Path, manifest: dict, names: list[str] | None = None) -> None:
+    """Every listed file exists with the recorded size and sha256."""
+    for name, record in manifest["files"].items():
+        if names is not None and name not in names:
+            continue
+        path = Path(folder) / name
+        if not path.is_file():
+            raise EngineFolderError(f"{path}: missing from the engine folder; re-export it with vvs-export")
+        size = path.stat().st_size
+        if size != record["bytes"]:
+            raise EngineFolderError(f"{path}: {size} bytes but the manifest records {record['bytes']} "
+                                    "(truncated or replaced); re-export the folder")
+        if sha256(path) != record["sha256"]:
+            raise EngineFolderError(f"{path}: contents differ from the manifest's sha256 (edited?); re-export the folder")
+
+
+def graph_spec(manifest: dict, name: str) -> GraphSpec:
+    return GraphSpec.from_dict(manifest["graphs"][name]["spec"])
+
+
+ONNX_DTYPES = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16,
+               "int64": onnx.TensorProto.INT64, "bool": onnx.TensorProto.BOOL}
+
+
+def check_onnx_matches_spec(path: Path, spec: GraphSpec) -> None:
+    """The graph's inputs/outputs have the spec's names, dtypes and static dimensions."""
+    model = onnx.load(str(path), load_external_data=False)
+    for kind, values, specs in (("input", model.graph.input, spec.inputs), ("output", model.graph.output, spec.outputs)):
+        got = [v.name for v in values]
+        if got != [t.name for t in specs]:
+            raise EngineFolderError(f"{path}: {kind}s {got} do not match the manifest's {[t.name for t in specs]}")
+        for value, t in zip(values, specs):
+            tt = value.type.tensor_type
+            if tt.elem_type != ONNX_DTYPES[t.dtype]:
+                raise EngineFolderError(f"{path}: {kind} {t.name} has ONNX type {tt.elem_type}, the manifest says {t.dtype}")
+            dims = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim]
+            static = [(a, w) for a, w in enumerate(t.shape) if isinstance(w, int)]
+            if len(dims) != len(t.shape) or any(dims[a] != w for a, w in static):
+                raise EngineFolderError(f"{path}: {kind} {t.name} has shape {dims}, the manifest says {list(t.shape)}")

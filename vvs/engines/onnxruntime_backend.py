@@ -1,0 +1,93 @@
+"""ONNX Runtime backend: one session per graph, created once per engine folder.
+
+Inputs and outputs are bound by address (IOBinding) to torch tensors: the static KV buffers the runtime owns
+are read in place on every call, and outputs land in tensors allocated here, so nothing is copied between
+torch and ONNX Runtime. CPU execution provider, or CUDA when ``onnxruntime-gpu`` is installed and asked for.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from safetensors.torch import load_file
+
+from vvs.engines.base import GRAPHS, EngineSet
+from vvs.engines.manifest import (EngineFolderError, check_onnx_matches_spec, graph_spec, read_manifest,
+                                  verify_files)
+from vvs.export.spec import GraphSpec
+from vvs.models.gpt import GPTConfig
+
+NUMPY = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
+
+
+class OrtEngine:
+    def __init__(self, session: ort.InferenceSession, spec: GraphSpec, device: torch.device):
+        self.session, self.spec, self.device = session, spec, device
+        self.device_type = "cuda" if device.type == "cuda" else "cpu"
+        self.device_id = device.index or 0
+
+    def run(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        dims = self.spec.check_inputs(inputs)
+        io = self.session.io_binding()
+        for spec in self.spec.inputs:
+            t = inputs[spec.name].to(self.device).contiguous()
+            inputs[spec.name] = t  # keep alive until the run returns
+            io.bind_input(spec.name, self.device_type, self.device_id, NUMPY[t.dtype], list(t.shape), t.data_ptr())
+        outputs = {}
+        for spec in self.spec.outputs:
+            shape = [d if isinstance(d, int) else dims[d] for d in spec.shape]
+            out = torch.empty(shape, dtype=spec.torch_dtype, device=self.device)
+            io.bind_output(spec.name, self.device_type, self.device_id, NUMPY[out.dtype], shape, out.data_ptr())
+            outputs[spec.name] = out
+        self.session.run_with_iobinding(io)
+        return outputs
+
+
+def providers_for(device: torch.device) -> list:
+    if device.type == "cuda":
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise EngineFolderError("device cuda needs onnxruntime-gpu (pip install 'vvs[gpu]' after uninstalling onnxruntime)")
+        return [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | None = None) -> EngineSet:
+    folder = Path(folder)
+    device = torch.device(device)
+    manifest = read_manifest(folder)
+    verify_files(folder, manifest)
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    engines = {}
+    for name in GRAPHS:
+        if name not in manifest["graphs"]:
+            raise EngineFolderError(f"{folder / 'manifest.json'}: lists no {name} graph; re-export the folder")
+        spec = graph_spec(manifest, name)
+        path = folder / manifest["graphs"][name]["file"]
+        check_onnx_matches_spec(path, spec)
+        try:
+            session = ort.InferenceSession(str(path), options, providers=providers_for(device))
+        except Exception as err:  # ORT raises its own exception types for unreadable models
+            raise EngineFolderError(f"{path}: ONNX Runtime cannot load it ({str(err).splitlines()[0]})") from None
+        if device.type == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
+            raise EngineFolderError(f"{path}: the CUDA execution provider did not load (check CUDA 13 / cuDNN 9)")
+        engines[name] = OrtEngine(session, spec, device)
+    tables = load_file(folder / manifest["tables"]["file"])
+    act = next(t for t in engines["target_verify"].spec.inputs if t.name == "past_kv").dtype
+    return EngineSet(
+        backend="onnxruntime",
+        target=GPTConfig(**manifest["model"]["target"]),
+        drafter_layers=manifest["model"]["drafter"]["num_hidden_layers"],
+        graphs=engines,
+        codebook=tables["codebook"].to(device),
+        device=device,
+        dtype=torch.float16 if act == "float16" else torch.float32,
+        max_draft_top_k=manifest["max_draft_top_k"],
+        null_condition=tables.get("null_condition"),
+        neighbour_table=tables["neighbours"].to(device),
+        default_options=manifest["decoding_defaults"],
+    )

@@ -1,0 +1,131 @@
+"""``vvs-export``: a model bundle -> an engine folder (four ONNX graphs, tables, manifest).
+
+The folder is built under a temporary name and renamed into place at the end, so an interrupted export never
+leaves a half-written folder behind (and never destroys a previous one until the new one is complete).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import onnxscript
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+import vvs
+from vvs.engines.manifest import FORMAT, MANIFEST, TABLES, TORCH_WEIGHTS, file_record
+from vvs.errors import VVSError
+from vvs.export.graphs import build_graphs
+from vvs.export.onnx_export import OPSET, export_graph
+from vvs.export.spec import graph_specs
+from vvs.models.bundle import ModelBundle
+from vvs.models.layers import cast_floating
+from vvs.models.loading import save_model
+from vvs.runtime.neighbours import nearest_codes
+from vvs.runtime.options import DecodeOptions
+
+PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16}
+
+
+def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", max_draft_top_k: int = 10,
+                  neighbours: int | None = None, decoding_defaults: dict | None = None,
+                  extra_model_info: dict | None = None, progress: bool = True) -> dict:
+    """Export ``bundle`` into ``out_dir``; returns the manifest. ``neighbours``: LANTERN neighbours stored per
+    code (default: the decoding defaults' ``lantern_k``)."""
+    if precision not in PRECISIONS:
+        raise VVSError(f"option precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
+    defaults = DecodeOptions().updated(**(decoding_defaults or {}))
+    if defaults.draft_top_k > max_draft_top_k:
+        raise VVSError(f"default draft_top_k={defaults.draft_top_k} exceeds max_draft_top_k={max_draft_top_k}")
+    vocab = bundle.target.config.vocab_size
+    k_nn = min(neighbours or defaults.lantern_k, vocab - 1)
+    out_dir = Path(out_dir)
+    parent = out_dir.resolve().parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise VVSError(f"{out_dir}: cannot write here (is {parent} an existing, writable folder?)")
+    if precision != "fp32":
+        bundle = copy.deepcopy(bundle)  # casting happens in place; leave the caller's models as they were
+    act = "float16" if precision == "fp16" else "float32"
+    specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, max_draft_top_k, act)
+    graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, max_draft_top_k)
+    for name, module in graphs.items():
+        cast_floating(module, torch.float32 if name == "vq_decode" else PRECISIONS[precision])
+
+    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=parent))
+    try:
+        files: list[Path] = []
+        entries = {}
+        steps = tqdm(list(specs), desc="export", unit="graph", disable=not progress, dynamic_ncols=True)
+        for name in steps:
+            steps.set_postfix_str(name)
+            written = export_graph(graphs[name], specs[name], work / f"{name}.onnx", vocab,
+                                   bundle.target.config.max_positions - 1)
+            onnx.checker.check_model(str(written[0]))
+            files += written
+            entries[name] = {"file": written[0].name, "spec": specs[name].to_dict()}
+        tables = {"codebook": bundle.vq.quantize.codebook().detach().float().contiguous(),
+                  "neighbours": nearest_codes(bundle.vq.quantize.codebook().detach(), k_nn)}
+        if bundle.target.config.model_type == "t2i":
+            tables["null_condition"] = bundle.target.cls_embedding.uncond_embedding.detach().float().contiguous()
+        save_file(tables, work / TABLES)
+        files.append(work / TABLES)
+        # the torch weights too, so one folder serves every backend (and TensorRT rebuilds need only the ONNX)
+        for name, model, kind in (("target", bundle.target, "gpt"), ("drafter", bundle.drafter, "drafter"),
+                                  ("vq", bundle.vq, "vq")):
+            files.append(save_model(model, work / TORCH_WEIGHTS[name], kind))
+        manifest = {
+            "format": FORMAT,
+            "model": {
+                "family": "llamagen",
+                "target": bundle.target.config.to_dict(),
+                "drafter": bundle.drafter.config.to_dict(),
+                "vq": bundle.vq.config.to_dict(),
+                **(extra_model_info or {}),
+            },
+            "precision": precision,
+            "max_draft_top_k": max_draft_top_k,
+            "graphs": entries,
+            "tables": {"file": TABLES, "neighbours_per_code": k_nn},
+            "decoding_defaults": defaults.to_dict(),
+            "versions": {"vvs": vvs.__version__, "torch": torch.__version__, "onnx": onnx.__version__,
+                         "onnxruntime": onnxruntime.__version__, "onnxscript": onnxscript.__version__,
+                         "numpy": np.__version__, "opset": OPSET, "exporter": "torch.onnx.export(dynamo=True)"},
+            "files": {p.name: file_record(p) for p in files},
+        }
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        _replace_dir(work, out_dir)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    if target.exists():
+        if not (target / MANIFEST).is_file() and any(target.iterdir()):
+            raise VVSError(f"{target}: exists and is not an engine folder; choose another --out")
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+        os.replace(new, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(new, target)
+
+
+def write_defaults(folder: Path, defaults: dict) -> None:
+    """Replace the folder's default decoding options (``vvs-bench --tune``); only the manifest changes."""
+    path = Path(folder) / MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest["decoding_defaults"] = DecodeOptions().updated(**defaults).to_dict()
+    tmp = path.with_name(MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, path)

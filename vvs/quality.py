@@ -1,0 +1,92 @@
+"""Quality instruments of the shipped model: class accuracy, a domain Fréchet distance, target likelihood.
+
+- ``PhotoClassifier``: a small CNN trained on the same photo crops as the generator. Its accuracy on generated
+  images says whether they look like their conditioning class.
+- Domain FID: the Fréchet distance between Gaussian fits of the classifier's penultimate features of generated
+  images and of real crops (statistics stored with the classifier). Like FID, it is biased by sample size:
+  compare numbers computed on the same number of images.
+- NLL: the target's mean negative log-likelihood (nats/token, conditional, no guidance) of the generated tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy import linalg
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ClassifierConfig:
+    num_classes: int = 16
+    width: int = 32
+    input_size: int = 64  # images are resized to this before classification
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class PhotoClassifier(nn.Module):
+    def __init__(self, config: ClassifierConfig):
+        super().__init__()
+        self.config = config
+        w = config.width
+        chans = [3, w, 2 * w, 4 * w, 4 * w]
+        layers = []
+        for c_in, c_out in zip(chans, chans[1:]):
+            layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1), nn.BatchNorm2d(c_out), nn.SiLU()]
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(4 * w, config.num_classes)
+        self.register_buffer("feature_mean", torch.zeros(4 * w))  # statistics of real crops, for the domain FID
+        self.register_buffer("feature_cov", torch.eye(4 * w))
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """images in [0, 1] ``[B, 3, H, W]`` -> penultimate features ``[B, 4 * width]``."""
+        x = F.interpolate(images * 2 - 1, size=self.config.input_size, mode="bilinear", antialias=True,
+                          align_corners=False)
+        return self.features(x).mean((2, 3))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(images))
+
+
+def frechet_distance(mu1, cov1, mu2, cov2) -> float:
+    mu1, mu2 = np.asarray(mu1, np.float64), np.asarray(mu2, np.float64)
+    cov1, cov2 = np.asarray(cov1, np.float64), np.asarray(cov2, np.float64)
+    covmean, _ = linalg.sqrtm(cov1 @ cov2, disp=False)
+    if not np.isfinite(covmean).all():
+        eps = 1e-6 * np.eye(len(cov1))
+        covmean = linalg.sqrtm((cov1 + eps) @ (cov2 + eps))
+    return float(((mu1 - mu2) ** 2).sum() + np.trace(cov1 + cov2 - 2 * covmean.real))
+
+
+def feature_stats(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    f = features.double()
+    return f.mean(0), torch.cov(f.T)
+
+
+class Instruments:
+    """All three measures for a batch of generated images (and their tokens)."""
+
+    def __init__(self, classifier: PhotoClassifier, target):
+        self.classifier = classifier.eval()
+        self.target = target.eval()
+
+    @torch.no_grad()
+    def evaluate(self, images: torch.Tensor, tokens: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        from vvs.train.target import sequence_nll
+
+        feats, preds = [], []
+        for i in range(0, len(images), 64):
+            f = self.classifier.embed(images[i : i + 64].float())
+            feats.append(f)
+            preds.append(self.classifier.head(f).argmax(-1))
+        feats, preds = torch.cat(feats), torch.cat(preds)
+        mu, cov = feature_stats(feats)
+        return {
+            "class_accuracy": float((preds == labels).float().mean()),
+            "domain_fid": frechet_distance(mu, cov, self.classifier.feature_mean, self.classifier.feature_cov),
+            "nll": float(sequence_nll(self.target, labels, tokens).mean()),
+        }
