@@ -56,3 +56,27 @@ def pipeline_factory(bundle_factory):
         return Pipeline(torch_engines(bundle_factory(**kwargs)), DecodeOptions(**SMALL))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(bundle_factory, tmp_path_factory):
+    """An engine folder exported from the small random bundle."""
+    from vvs.export.exporter import export_folder
+
+    out = tmp_path_factory.mktemp("engines") / "tiny"
+    export_folder(bundle_factory(), out, decoding_defaults=SMALL, progress=False)
+    return out
+
+
+def run_cli(main, args, capsys, monkeypatch):
+    """Run a console entry point in-process; returns (exit code, stdout, stderr)."""
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["prog", *map(str, args)])
+    code = 0
+    try:
+        main()
+    except SystemExit as done:
+        code = done.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -10,10 +10,8 @@ import onnx
 import pytest
 import torch
 
-from conftest import SMALL
 from vvs.engines import load_engines
 from vvs.engines.manifest import EngineFolderError
-from vvs.export.exporter import export_folder
 from vvs.export.graphs import build_graphs
 from vvs.export.onnx_export import export_graph, sample_inputs
 from vvs.export.spec import graph_specs
@@ -29,10 +27,8 @@ def bundle(bundle_factory):
 
 
 @pytest.fixture(scope="module")
-def folder(bundle, tmp_path_factory):
-    out = tmp_path_factory.mktemp("engines") / "tiny"
-    export_folder(bundle, out, decoding_defaults=SMALL, progress=False)
-    return out
+def folder(tiny_folder):
+    return tiny_folder
 
 
 def torch_graphs(bundle):

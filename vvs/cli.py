@@ -82,12 +82,7 @@ def export_cmd(model, config, t2i, checkpoint, vq, vq_config, drafter, ema, prec
     shipped = shipped_info() if not (checkpoint or drafter or vq) else None
     extra = {"classes": [c["name"] for c in shipped["classes"]], "image_size": shipped["image_size"]} if shipped else {}
     defaults = shipped["decoding_defaults"] if shipped else {}
-    if precision == "int8":
-        from vvs.calib.int8 import export_int8_folder
-
-        manifest = export_int8_folder(bundle, Path(out), max_draft_top_k, lantern_k, defaults, extra)
-    else:
-        manifest = export_folder(bundle, Path(out), precision, max_draft_top_k, lantern_k, defaults, extra)
+    manifest = export_folder(bundle, Path(out), precision, max_draft_top_k, lantern_k, defaults, extra)
     if backend == "tensorrt":
         from vvs.engines.tensorrt_build import build_folder
 

@@ -24,7 +24,7 @@ def load_engines(folder: str | Path, backend: str = "auto", device: str | None =
     if backend == "tensorrt":
         from vvs.engines.tensorrt_backend import load_tensorrt
 
-        return load_tensorrt(folder, device or "cuda")
+        return load_tensorrt(folder, device or "cuda", cuda_graphs=cuda_graphs)
     if backend == "torch":
         from vvs.engines.torch_backend import load_torch_folder
 

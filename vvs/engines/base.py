@@ -39,6 +39,18 @@ class EngineSet:
     null_condition: torch.Tensor | None = None  # t2i: the unconditional caption [C, caption_dim]
     neighbour_table: torch.Tensor | None = None  # [vocab, K] nearest codes, precomputed by the exporter
     default_options: dict = field(default_factory=dict)
+    buffers: dict = field(default_factory=dict, repr=False)
+
+    def cache_buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A zeroed cache buffer that keeps its address across ``generate`` calls of the same shape (CUDA graphs
+        and TensorRT bind addresses). One generation at a time per EngineSet."""
+        key = (name, tuple(shape))
+        buf = self.buffers.get(key)
+        if buf is None:
+            buf = self.buffers[key] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        else:
+            buf.zero_()
+        return buf
 
     def neighbours(self, k: int) -> torch.Tensor:
         """``[vocab, k]`` nearest codes of every code (LANTERN's proximity sets)."""

@@ -97,3 +97,28 @@ def check_onnx_matches_spec(path: Path, spec: GraphSpec) -> None:
             static = [(a, w) for a, w in enumerate(t.shape) if isinstance(w, int)]
             if len(dims) != len(t.shape) or any(dims[a] != w for a, w in static):
                 raise EngineFolderError(f"{path}: {kind} {t.name} has shape {dims}, the manifest says {list(t.shape)}")
+
+
+def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device):
+    """The :class:`EngineSet` of a folder's graphs: configs, tables and defaults from the manifest."""
+    import torch
+    from safetensors.torch import load_file
+
+    from vvs.engines.base import EngineSet
+    from vvs.models.gpt import GPTConfig
+
+    tables = load_file(Path(folder) / manifest["tables"]["file"])
+    act = next(t for t in graphs["target_verify"].spec.inputs if t.name == "past_kv").dtype
+    return EngineSet(
+        backend=backend,
+        target=GPTConfig(**manifest["model"]["target"]),
+        drafter_layers=manifest["model"]["drafter"]["num_hidden_layers"],
+        graphs=graphs,
+        codebook=tables["codebook"].to(device),
+        device=device,
+        dtype=torch.float16 if act == "float16" else torch.float32,
+        max_draft_top_k=manifest["max_draft_top_k"],
+        null_condition=tables.get("null_condition"),
+        neighbour_table=tables["neighbours"].to(device),
+        default_options=manifest["decoding_defaults"],
+    )

@@ -11,13 +11,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import torch
-from safetensors.torch import load_file
 
 from vvs.engines.base import GRAPHS, EngineSet
-from vvs.engines.manifest import (EngineFolderError, check_onnx_matches_spec, graph_spec, read_manifest,
-                                  verify_files)
+from vvs.engines.manifest import (EngineFolderError, check_onnx_matches_spec, engine_set, graph_spec,
+                                  read_manifest, verify_files)
 from vvs.export.spec import GraphSpec
-from vvs.models.gpt import GPTConfig
 
 NUMPY = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
 
@@ -76,18 +74,4 @@ def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | Non
         if device.type == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
             raise EngineFolderError(f"{path}: the CUDA execution provider did not load (check CUDA 13 / cuDNN 9)")
         engines[name] = OrtEngine(session, spec, device)
-    tables = load_file(folder / manifest["tables"]["file"])
-    act = next(t for t in engines["target_verify"].spec.inputs if t.name == "past_kv").dtype
-    return EngineSet(
-        backend="onnxruntime",
-        target=GPTConfig(**manifest["model"]["target"]),
-        drafter_layers=manifest["model"]["drafter"]["num_hidden_layers"],
-        graphs=engines,
-        codebook=tables["codebook"].to(device),
-        device=device,
-        dtype=torch.float16 if act == "float16" else torch.float32,
-        max_draft_top_k=manifest["max_draft_top_k"],
-        null_condition=tables.get("null_condition"),
-        neighbour_table=tables["neighbours"].to(device),
-        default_options=manifest["decoding_defaults"],
-    )
+    return engine_set("onnxruntime", folder, manifest, engines, device)

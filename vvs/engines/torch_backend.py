@@ -62,6 +62,12 @@ def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_gra
     if threads:
         torch.set_num_threads(threads)
     target = load_gpt(folder / TORCH_WEIGHTS["target"])
+    if manifest["precision"] == "int8":  # rebuild the quantized target from the stored calibration
+        from vvs.calib.int8 import quantize_target
+        from vvs.export.exporter import CALIBRATION
+
+        verify_files(folder, manifest, [CALIBRATION])
+        target = quantize_target(target, load_file(folder / CALIBRATION))
     bundle = ModelBundle(target, load_drafter(folder / TORCH_WEIGHTS["drafter"], target.config),
                          load_vq(folder / TORCH_WEIGHTS["vq"]))
     dtype = torch.float16 if manifest["precision"] == "fp16" else torch.float32

@@ -32,7 +32,8 @@ from vvs.models.loading import save_model
 from vvs.runtime.neighbours import nearest_codes
 from vvs.runtime.options import DecodeOptions
 
-PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16}
+PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.float32}
+CALIBRATION = "calibration.safetensors"
 
 
 def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", max_draft_top_k: int = 10,
@@ -51,16 +52,24 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
     parent = out_dir.resolve().parent
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise VVSError(f"{out_dir}: cannot write here (is {parent} an existing, writable folder?)")
-    if precision != "fp32":
-        bundle = copy.deepcopy(bundle)  # casting happens in place; leave the caller's models as they were
-    act = "float16" if precision == "fp16" else "float32"
-    specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, max_draft_top_k, act)
-    graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, max_draft_top_k)
-    for name, module in graphs.items():
-        cast_floating(module, torch.float32 if name == "vq_decode" else PRECISIONS[precision])
-
+    if out_dir.exists() and not (out_dir / MANIFEST).is_file() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise VVSError(f"{out_dir}: exists and is not an engine folder; choose another --out")
     work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=parent))
     try:
+        source = bundle  # what the torch backend will load
+        if precision == "fp16":
+            bundle = copy.deepcopy(bundle)  # casting happens in place; leave the caller's models as they were
+        if precision == "int8":
+            from vvs.calib.int8 import calibrate, int8_bundle
+
+            bundle = int8_bundle(bundle, calibrate(bundle, work / CALIBRATION))
+        act = "float16" if precision == "fp16" else "float32"
+        specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, max_draft_top_k, act)
+        graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, max_draft_top_k)
+        for name, module in graphs.items():
+            cast_floating(module, torch.float32 if name == "vq_decode" else PRECISIONS[precision])
+        if precision == "fp16":
+            source = bundle
         files: list[Path] = []
         entries = {}
         steps = tqdm(list(specs), desc="export", unit="graph", disable=not progress, dynamic_ncols=True)
@@ -78,9 +87,11 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
         save_file(tables, work / TABLES)
         files.append(work / TABLES)
         # the torch weights too, so one folder serves every backend (and TensorRT rebuilds need only the ONNX)
-        for name, model, kind in (("target", bundle.target, "gpt"), ("drafter", bundle.drafter, "drafter"),
-                                  ("vq", bundle.vq, "vq")):
+        for name, model, kind in (("target", source.target, "gpt"), ("drafter", source.drafter, "drafter"),
+                                  ("vq", source.vq, "vq")):
             files.append(save_model(model, work / TORCH_WEIGHTS[name], kind))
+        if precision == "int8":
+            files.append(work / CALIBRATION)
         manifest = {
             "format": FORMAT,
             "model": {
@@ -110,8 +121,6 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
 
 def _replace_dir(new: Path, target: Path) -> None:
     if target.exists():
-        if not (target / MANIFEST).is_file() and any(target.iterdir()):
-            raise VVSError(f"{target}: exists and is not an engine folder; choose another --out")
         old = target.with_name(f".{target.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(target, old)

@@ -57,6 +57,7 @@ def sample_inputs(spec: GraphSpec, vocab: int, max_position: int, dims: dict[str
 
 def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: int, max_position: int) -> list[Path]:
     """Write ``path`` (and ``path.data`` for large graphs); returns the files written."""
+    module.requires_grad_(False)  # inference graphs (and fake-quant ops export as Q/DQ only without autograd)
     args = sample_inputs(spec, vocab, max_position)
     dynamic = tuple({axis: Dim.AUTO for axis, d in enumerate(t.shape) if isinstance(d, str)} or None
                     for t in spec.inputs)

@@ -33,14 +33,15 @@ class RowLayout:
 
 
 class KVCache:
-    """``kv [layers, 2, rows, heads, capacity, head_dim]`` plus the committed length of each image."""
+    """``kv [layers, 2, rows, heads, capacity, head_dim]`` (a zeroed buffer the caller provides) plus the
+    committed length of each image."""
 
-    def __init__(self, layout: RowLayout, layers: int, heads: int, head_dim: int, capacity: int, dtype, device):
+    def __init__(self, layout: RowLayout, kv: torch.Tensor):
         self.layout = layout
-        self.capacity = capacity
-        self.kv = torch.zeros(layers, 2, layout.rows, heads, capacity, head_dim, dtype=dtype, device=device)
-        self.length = torch.zeros(layout.n, dtype=torch.long, device=device)
-        self.blocked = torch.zeros(layout.n, capacity, dtype=torch.bool, device=device)  # e.g. caption padding
+        self.kv = kv
+        self.capacity = kv.shape[4]
+        self.length = torch.zeros(layout.n, dtype=torch.long, device=kv.device)
+        self.blocked = torch.zeros(layout.n, self.capacity, dtype=torch.bool, device=kv.device)  # caption padding
 
     def write(self, new_kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, valid: torch.Tensor) -> None:
         """Copy ``new_kv[..., row, :, src[i, j], :]`` to slot ``dst[i, j]`` of image i's rows where ``valid[i, j]``."""

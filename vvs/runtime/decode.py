@@ -42,8 +42,9 @@ class Decoding:
         self.conditions = conditions.to(self.dev)
         self.C, self.N = cfg.cls_token_num, cfg.num_image_tokens
         self.slack = 2 * opts.max_path_tokens  # room for a chain and a path committed past the last token
-        self.kv = KVCache(self.layout, cfg.n_layer, cfg.n_head, cfg.head_dim, self.C + self.N + self.slack,
-                          engines.dtype, self.dev)
+        self.capacity = self.C + self.N + self.slack
+        self.kv = KVCache(self.layout, engines.cache_buffer(
+            "target_kv", (cfg.n_layer, 2, self.layout.rows, cfg.n_head, self.capacity, cfg.head_dim)))
         self.caption_mask = None if caption_mask is None else caption_mask.to(self.dev)
         if self.caption_mask is not None:  # padded caption slots stay invisible to every later query
             self.kv.blocked[:, : self.C] = ~self.caption_mask
@@ -147,10 +148,12 @@ def decode_speculative(d: Decoding) -> tuple[torch.Tensor, list[ImageStats]]:
                            f"{e.max_draft_top_k} candidates per node")
     relax = Relaxation(e.neighbours(opts.lantern_k), opts.lantern_delta) if opts.relaxed else None
     graph_inputs = {"cfg_mix": d.cfg_mix, **d.proc.graph_inputs()}
-    drafter = TreeDrafter(e.graphs["drafter_step"], d.layout, e.drafter_layers, d.cfg.n_head, d.cfg.head_dim,
-                          d.C + d.N + d.slack, opts.depth, opts.draft_top_k, d.max_position(), e.dtype, dev)
+    drafter_kv = e.cache_buffer("drafter_kv", (e.drafter_layers, 2, d.layout.rows, d.cfg.n_head,
+                                               d.capacity + opts.depth * opts.draft_top_k, d.cfg.head_dim))
+    drafter = TreeDrafter(e.graphs["drafter_step"], d.layout, drafter_kv, d.capacity, opts.depth, opts.draft_top_k,
+                          d.max_position())
     width = opts.max_path_tokens  # widest chain, path, or drafter update
-    features = FeatureCache(d.layout, d.C + d.N + d.slack, d.cfg.dim, e.dtype, dev)
+    features = FeatureCache(d.layout, d.capacity, d.cfg.dim, e.dtype, dev)
 
     pre = d.prefill()
     features.append(pre["hidden"], torch.arange(d.C, device=dev).expand(n, -1), torch.full((n,), d.C, device=dev))

@@ -68,13 +68,14 @@ def ancestor_matrix(parent: torch.Tensor, max_depth: int) -> torch.Tensor:
 class TreeDrafter:
     """Runs the drafter graph to grow one tree per image. Owns the drafter's KV cache."""
 
-    def __init__(self, engine, layout: RowLayout, layers: int, heads: int, head_dim: int, stable_capacity: int,
-                 depth: int, top_k: int, max_position: int, dtype, device):
+    def __init__(self, engine, layout: RowLayout, kv: torch.Tensor, stable_capacity: int, depth: int, top_k: int,
+                 max_position: int):
+        """``kv``: a zeroed drafter cache ``[layers, 2, rows, heads, stable_capacity + depth * top_k, head_dim]``."""
         self.engine, self.layout = engine, layout
         self.max_position = max_position  # positions past the last image token only occur in discarded branches
         self.depth, self.k = depth, top_k
         self.scratch_start = stable_capacity
-        self.cache = KVCache(layout, layers, heads, head_dim, stable_capacity + depth * top_k, dtype, device)
+        self.cache = KVCache(layout, kv)
         self.forwards = 0  # drafter graph calls so far
 
     def _call(self, graph_inputs, position_ids, **inputs):

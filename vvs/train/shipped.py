@@ -88,7 +88,7 @@ def reproduce(out_dir: Path, seed: int = 0) -> Path:
     metrics["classifier"] = {"heldout_accuracy": accuracy(classifier, held_images, held_labels)}
 
     logs = {}
-    for name in ("tokenizer", "target", "drafter", "classifier"):
+    for name in ("tokenizer", "tokenizer_full", "target", "drafter", "classifier"):
         log = out_dir / f"{name}.log.jsonl"
         if log.is_file():
             logs[name] = [json.loads(line) for line in log.read_text().splitlines()]

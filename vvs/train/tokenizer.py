@@ -1,8 +1,9 @@
 """Stage 1: the VQ tokenizer (LlamaGen VQ architecture, small width, 16 x 16 tokens for 128 px images).
 
-Trained on 64 x 64 patches cut from 128 px crops, so it sees the pixel statistics of the images it will encode
-at a quarter of the cost; the network is convolutional and runs on 128 px at inference. Codes unused for a
-while are restarted on random encoder outputs, which keeps most of the codebook alive.
+Trained first on 64 x 64 patches cut from 128 px crops (the pixel statistics of the images it will encode, at a
+quarter of the cost), then briefly on whole 128 px crops so that borders and the attention blocks see the
+16 x 16 latent grid they work on at inference. Codes unused for a while are restarted on random encoder
+outputs, which keeps most of the codebook alive.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return -10 * torch.log10(mse.clamp_min(1e-10))
 
 
-def train_tokenizer(out_dir: Path, seed: int, steps: int = 3000, batch: int = 16, restart_every: int = 100) -> VQModel:
+def train_tokenizer(out_dir: Path, seed: int, steps: int = 3000, batch: int = 16, full_steps: int = 300,
+                    full_batch: int = 8, restart_every: int = 100) -> VQModel:
     photos = load_photos()
     torch.manual_seed(seed)
     vq = VQModel(vq_config("VQ-vvs-S"))
@@ -33,11 +35,11 @@ def train_tokenizer(out_dir: Path, seed: int, steps: int = 3000, batch: int = 16
     usage = torch.zeros(size)
     recent: dict[str, torch.Tensor] = {}
 
-    def step_fn(step: int, gen: torch.Generator):
-        labels = torch.randint(0, len(photos), (batch,), generator=gen)
+    def step_fn(step: int, gen: torch.Generator, patch: int = PATCH, size: int = batch):
+        labels = torch.randint(0, len(photos), (size,), generator=gen)
         crops = random_crops(photos, labels, IMAGE_SIZE, gen)
-        top, left = (int(torch.randint(0, IMAGE_SIZE - PATCH + 1, (1,), generator=gen)) for _ in range(2))
-        x = crops[:, :, top : top + PATCH, left : left + PATCH]
+        top, left = (int(torch.randint(0, IMAGE_SIZE - patch + 1, (1,), generator=gen)) for _ in range(2))
+        x = crops[:, :, top : top + patch, left : left + patch]
         h = vq.quant_conv(vq.encoder(x))
         q = vq.quantize(h)
         recon = vq.decode(q.z_q)
@@ -61,6 +63,9 @@ def train_tokenizer(out_dir: Path, seed: int, steps: int = 3000, batch: int = 16
 
     train("tokenizer", vq, step_fn, Schedule(steps=steps, lr=4e-4, warmup=100, betas=(0.9, 0.99)),
           out_dir, seed, after_step=restart_dead_codes)
+    train("tokenizer_full", vq, lambda step, gen: step_fn(step, gen, IMAGE_SIZE, full_batch),
+          Schedule(steps=full_steps, lr=1e-4, warmup=20, betas=(0.9, 0.99)), out_dir, seed + 1,
+          checkpoint_every=100, after_step=restart_dead_codes)
     return vq
 
 

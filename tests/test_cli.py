@@ -1,0 +1,92 @@
+"""The console commands as a user types them: outputs on success, one-line errors with exit code 2."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from vvs.cli import export_main, run_main
+from vvs.models import save_model
+
+
+def test_run_writes_images_grid_stats_and_tokens(tiny_folder, tmp_path, capsys, monkeypatch):
+    out, stats, tokens = tmp_path / "out", tmp_path / "stats.json", tmp_path / "tokens.npy"
+    code, stdout, err = run_cli(run_main, ["--engine", tiny_folder, "--mode", "ar", "--mode", "vvs", "--class", "1",
+                                           "--class", "3", "--temperature", "0", "--cfg", "2", "--out", out,
+                                           "--stats-json", stats, "--save-tokens", tokens, "--threads", "1"],
+                                capsys, monkeypatch)
+    assert code == 0, err
+    assert "TPF" in stdout and "vvs" in stdout
+    assert sorted(p.name for p in out.iterdir()) == ["ar_000_class1.png", "ar_001_class3.png", "ar_grid.png",
+                                                     "vvs_000_class1.png", "vvs_001_class3.png", "vvs_grid.png"]
+    payload = json.loads(stats.read_text())
+    assert len(payload["images"]) == 4 and set(payload["aggregate"]) == {"ar", "vvs"}
+    for image in payload["images"]:
+        assert {"tokens", "target_forwards", "drafter_forwards", "skipped_verifications",
+                "tokens_per_target_forward", "mean_accept_length", "seconds"} <= image.keys()
+        assert image["tokens"] == 16
+    ar = [i for i in payload["images"] if i["mode"] == "ar"]
+    assert all(i["tokens_per_target_forward"] == 1.0 and i["drafter_forwards"] == 0 for i in ar)
+    saved = np.load(tokens)
+    assert saved.shape == (4, 16)
+    assert not list(tmp_path.rglob(".*.tmp"))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--class", "99"], "option --class 99: out of range, the model has 10 classes (0-9)"),
+    (["--class", "dog"], "option --class 'dog': not a class id or name"),
+    (["--top-p", "2"], "option top_p=2.0: must be in (0, 1]"),
+    (["--tree-size", "-1"], "option tree_size=-1"),
+    (["--mode", "fast"], "Invalid value for '--mode'"),
+    (["--bogus"], "No such option '--bogus'"),
+])
+def test_run_bad_arguments(tiny_folder, tmp_path, capsys, monkeypatch, args, message):
+    code, _, err = run_cli(run_main, ["--engine", tiny_folder, "--out", tmp_path / "o", *args], capsys, monkeypatch)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vvs-run: error: ") and message in lines[0], err
+
+
+def test_run_unwritable_output(tiny_folder, tmp_path, capsys, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = run_cli(run_main, ["--engine", tiny_folder, "--out", blocker / "sub"], capsys, monkeypatch)
+    assert code == 2 and "cannot write output there" in err and len(err.strip().splitlines()) == 1
+
+
+def test_run_corrupt_engine_folder(tiny_folder, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    broken = tmp_path / "eng"
+    shutil.copytree(tiny_folder, broken)
+    (broken / "vq_decode.onnx").write_bytes(b"garbage")
+    code, _, err = run_cli(run_main, ["--engine", broken, "--out", tmp_path / "o"], capsys, monkeypatch)
+    assert code == 2 and "vq_decode.onnx" in err and len(err.strip().splitlines()) == 1
+
+
+def tiny_files(bundle, folder):
+    return ["--checkpoint", save_model(bundle.target, folder / "t.safetensors", "gpt"),
+            "--drafter", save_model(bundle.drafter, folder / "d.safetensors", "drafter"),
+            "--vq", save_model(bundle.vq, folder / "v.safetensors", "vq")]
+
+
+def test_export_writes_a_folder_that_runs(bundle_factory, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "engines"
+    code, stdout, err = run_cli(export_main, [*tiny_files(bundle_factory(), tmp_path), "--out", out, "--lantern-k", "8"],
+                                capsys, monkeypatch)
+    assert code == 0, err
+    assert "wrote" in stdout and (out / "manifest.json").is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["tables"]["neighbours_per_code"] == 8
+    assert set(manifest["graphs"]) == {"target_prefill", "target_verify", "drafter_step", "vq_decode"}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".engines")]
+
+
+def test_export_refuses_to_overwrite_a_foreign_folder(bundle_factory, tmp_path, capsys, monkeypatch):
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "holiday.jpg").write_bytes(b"x")
+    code, _, err = run_cli(export_main, [*tiny_files(bundle_factory(), tmp_path), "--out", foreign], capsys, monkeypatch)
+    assert code == 2 and "exists and is not an engine folder" in err, err
+    assert (foreign / "holiday.jpg").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".photos")]
