@@ -198,16 +198,74 @@ def run_main():
     _main(run_cmd, "vvs-run")
 
 
+# --------------------------------------------------------------------------- vvs-bench
+
+
+@click.command(help="Run decoding modes side by side on the same classes and seeds (interleaved, warm-up "
+                    "excluded): TPF, forwards, skips, seconds per image and speed-up vs ar from the same run, and "
+                    "for the shipped model class accuracy, domain FID and NLL with AR's seed-to-seed spread. "
+                    "Writes results.json, table.md, pareto.png and sample grids. --tune picks the tree and skip "
+                    "interval fastest on this machine and stores them as the engine folder's defaults.")
+@click.option("--engine", "engine_dir", type=click.Path(), default="engines", show_default=True)
+@click.option("--backend", type=click.Choice(["auto", "onnxruntime", "torch", "tensorrt"]), default="auto",
+              show_default=True)
+@click.option("--device", default=None)
+@click.option("--modes", default="ar,sd,lantern,vvs-uniform,vvs-dynamic", show_default=True,
+              help="Comma-separated: ar, sd, lantern, vvs-uniform, vvs-dynamic.")
+@click.option("--num-images", type=click.IntRange(1), default=16, show_default=True, help="Images per setting and seed.")
+@click.option("--seeds", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--classes", default=None, help="Comma-separated class ids (default: all classes in turn).")
+@click.option("--batch-size", type=click.IntRange(1), default=1, show_default=True,
+              help="Images decoded together (1 = latency).")
+@click.option("--sweep", multiple=True, help="KEY=V1,V2 (skip_interval, sim_threshold, delta, lantern_k, tree_size, "
+                                             "depth, draft_top_k); repeatable, one key at a time.")
+@with_decoding_options
+@click.option("--threads", type=click.IntRange(1), default=None)
+@click.option("--tune", is_flag=True, help="Tune tree and skip interval for this machine and save them as defaults.")
+@click.option("--out", type=click.Path(file_okay=False), default="bench", show_default=True)
+def bench_cmd(engine_dir, backend, device, modes, num_images, seeds, classes, batch_size, sweep, threads, tune, out,
+              **decoding):
+    from vvs.bench import load_instruments, machine, make_settings, parse_sweep, run_benchmark, write_results
+    from vvs.engines import load_engines
+    from vvs.engines.manifest import read_manifest
+    from vvs.output import ensure_writable_dir
+    from vvs.runtime.pipeline import Pipeline
+
+    manifest = read_manifest(Path(engine_dir))
+    ensure_writable_dir(Path(out))
+    settings = make_settings([m.strip() for m in modes.split(",") if m.strip()], parse_sweep(sweep))
+    engines = load_engines(engine_dir, backend, device, threads)
+    overrides = {k: v for k, v in decoding.items() if v is not None}
+    pipe = Pipeline(engines)
+    pipe.options = pipe.options.updated(**overrides)
+    n_classes = engines.target.num_classes
+    ids = [int(c) for c in classes.split(",")] if classes else list(range(n_classes))
+    bad = [c for c in ids if not 0 <= c < n_classes]
+    if bad:
+        raise VVSError(f"option --classes {bad[0]}: out of range, the model has {n_classes} classes (0-{n_classes - 1})")
+    labels = [ids[i % len(ids)] for i in range(num_images)]
+    instruments = load_instruments(Path(engine_dir), manifest)
+    if tune:
+        from vvs.export.exporter import write_defaults
+        from vvs.tune import tune as run_tune
+
+        best = run_tune(pipe, labels, seeds, instruments, log=click.echo)
+        write_defaults(Path(engine_dir), best.to_dict())
+        click.echo(f"saved as the defaults of {engine_dir}/manifest.json")
+        pipe.options = best
+    results, samples = run_benchmark(pipe, settings, labels, seeds, batch_size, instruments)
+    results.update({"engine": str(engine_dir), "backend": engines.backend, "machine": machine(),
+                    "num_images": num_images, "seeds": seeds, "batch_size": batch_size,
+                    "defaults": pipe.options.to_dict()})
+    write_results(results, Path(out), samples)
+    from vvs.bench import markdown_table
+
+    click.echo(markdown_table(results))
+    click.echo(f"wrote {out}/results.json, table.md, pareto.png and sample grids")
+
+
 def bench_main():
-    _main(_not_implemented("vvs-bench"), "vvs-bench")
-
-
-def _not_implemented(name: str) -> click.Command:
-    @click.command(name=name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-    def stub():
-        raise VVSError(f"{name} is not implemented yet")
-
-    return stub
+    _main(bench_cmd, "vvs-bench")
 
 
 @click.group(help="Train models: reproduce the shipped model set, or train a drafter for your own target.")

@@ -1,0 +1,62 @@
+"""vvs-bench bookkeeping and the auto-tuner's choice, on tiny models (seconds, not minutes)."""
+import json
+
+import pytest
+
+from conftest import run_cli
+from vvs.bench import make_settings, parse_sweep, run_benchmark, write_results
+from vvs.cli import bench_main
+from vvs.errors import VVSError
+from vvs.tune import choose_tree
+
+
+def test_bookkeeping_is_exact(pipeline_factory, tmp_path):
+    pipe = pipeline_factory()
+    settings = make_settings(["sd", "vvs-uniform"], parse_sweep(("skip_interval=2,3",)))
+    assert [s.label for s in settings] == ["ar", "sd", "vvs-uniform", "vvs-uniform[skip_interval=2]",
+                                          "vvs-uniform[skip_interval=3]"]
+    results, samples = run_benchmark(pipe, settings, [1, 2, 3], seeds=2, batch_size=2, progress=False)
+    modes = results["modes"]
+    assert modes["ar"]["tokens_per_target_forward"] == 1.0 and modes["ar"]["speedup_vs_ar"] == 1.0
+    for label, entry in modes.items():
+        # TPF is tokens / target forwards as the runtime counted them: 3 images x 2 seeds x 16 tokens
+        assert entry["tokens_per_target_forward"] == pytest.approx(16 / entry["target_forwards_per_image"])
+        s = entry["seconds_per_image"]
+        assert s["min"] <= s["median"] <= s["max"]
+        assert entry["speedup_vs_ar"] == pytest.approx(modes["ar"]["seconds_per_image"]["median"] / s["median"])
+    assert modes["vvs-uniform[skip_interval=2]"]["skipped_verifications_per_image"] > 0
+    write_results(results, tmp_path, samples)
+    table = (tmp_path / "table.md").read_text()
+    assert all(f"| {label} |" in table for label in modes)
+    assert (tmp_path / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "results.json").read_text())["modes"].keys() == modes.keys()
+    assert len(list(tmp_path.glob("samples_*.png"))) == len(modes)
+
+
+def test_sweep_and_mode_errors():
+    with pytest.raises(VVSError, match="option --sweep 'speed=2'"):
+        parse_sweep(("speed=2",))
+    with pytest.raises(VVSError, match="option --modes: unknown turbo"):
+        make_settings(["turbo"], {})
+
+
+def test_tuner_prefers_smaller_trees_when_verification_cost_grows():
+    # measured per image: bigger trees need fewer target forwards but more drafter calls
+    forwards = {(8, 3, 3): (120.0, 480.0), (24, 4, 5): (95.0, 475.0), (59, 4, 10): (85.0, 425.0)}
+    flat = {1: 1e-3, 8: 1e-3, 32: 1e-3, 64: 1e-3}  # GPU-like: a 60-node verify costs a 1-token step
+    steep = {1: 1e-3, 8: 2e-3, 32: 6e-3, 64: 11e-3}  # CPU-like: cost grows with the tree
+    assert choose_tree(flat, 1e-5, forwards).tree_size == 59
+    assert choose_tree(steep, 1e-5, forwards).tree_size == 8
+    expensive_drafter = choose_tree(flat, 1e-3, forwards)
+    assert expensive_drafter.predicted_seconds == pytest.approx(min(
+        t * 1e-3 + d * 1e-3 for t, d in forwards.values()))
+
+
+def test_bench_command_writes_results(tiny_folder, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "bench"
+    code, stdout, err = run_cli(bench_main, ["--engine", tiny_folder, "--modes", "ar,vvs-uniform", "--num-images", "2",
+                                             "--seeds", "2", "--threads", "1", "--out", out], capsys, monkeypatch)
+    assert code == 0, err
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["modes"]) == {"ar", "vvs-uniform"}
+    assert results["machine"]["cores"] >= 1 and "speed-up vs ar" in stdout

@@ -1,0 +1,254 @@
+"""``vvs-bench``: decoding modes side by side in one process, on the same classes and seeds.
+
+Settings run interleaved (their order rotates every seed, so machine drift hits all of them alike), after one
+untimed warm-up each. Per setting: tokens per target forward, forwards and skips per image, accepted lengths,
+seconds per image (median and spread over seeds), the speed-up over ``ar`` as a ratio of medians from this
+same run, the draft/verify time split, and — for the shipped model — the quality instruments with AR's
+seed-to-seed spread beside them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from vvs.errors import VVSError
+from vvs.output import atomic_write, grid_image, save_png
+from vvs.runtime.options import DecodeOptions
+from vvs.runtime.pipeline import Pipeline
+from vvs.runtime.stats import aggregate
+
+BASE_MODES = {
+    "ar": {"mode": "ar"},
+    "sd": {"mode": "sd"},
+    "lantern": {"mode": "lantern"},
+    "vvs-uniform": {"mode": "vvs", "skip_policy": "uniform"},
+    "vvs-dynamic": {"mode": "vvs", "skip_policy": "dynamic"},
+}
+# which sweep keys apply to which modes (one key at a time, the others at their defaults)
+SWEEP_KEYS = {
+    "skip_interval": ("vvs-uniform",),
+    "sim_threshold": ("vvs-dynamic",),
+    "delta": ("lantern", "vvs-uniform", "vvs-dynamic"),
+    "lantern_k": ("lantern", "vvs-uniform", "vvs-dynamic"),
+    "tree_size": ("sd", "lantern", "vvs-uniform", "vvs-dynamic"),
+    "depth": ("sd", "lantern", "vvs-uniform", "vvs-dynamic"),
+    "draft_top_k": ("sd", "lantern", "vvs-uniform", "vvs-dynamic"),
+}
+OPTION_OF = {"delta": "lantern_delta"}
+
+
+@dataclass
+class Setting:
+    label: str
+    overrides: dict
+
+    @property
+    def mode(self) -> str:
+        return self.overrides["mode"]
+
+
+def parse_sweep(items: tuple[str, ...]) -> dict[str, list]:
+    sweep = {}
+    for item in items:
+        key, _, values = item.partition("=")
+        if key not in SWEEP_KEYS or not values:
+            raise VVSError(f"option --sweep {item!r}: use KEY=V1,V2 with KEY one of {', '.join(SWEEP_KEYS)}")
+        cast = float if key in ("sim_threshold", "delta") else int
+        try:
+            sweep[key] = [cast(v) for v in values.split(",")]
+        except ValueError:
+            raise VVSError(f"option --sweep {item!r}: {values!r} are not {cast.__name__} values") from None
+    return sweep
+
+
+def make_settings(modes: list[str], sweep: dict[str, list]) -> list[Setting]:
+    unknown = [m for m in modes if m not in BASE_MODES]
+    if unknown:
+        raise VVSError(f"option --modes: unknown {', '.join(unknown)}; choose from {', '.join(BASE_MODES)}")
+    settings = [Setting(m, dict(BASE_MODES[m])) for m in modes]
+    for key, values in sweep.items():
+        for m in modes:
+            if m in SWEEP_KEYS[key]:
+                for v in values:
+                    settings.append(Setting(f"{m}[{key}={v}]", {**BASE_MODES[m], OPTION_OF.get(key, key): v}))
+    if "ar" not in modes:
+        settings.insert(0, Setting("ar", dict(BASE_MODES["ar"])))  # speed-ups are measured against it
+    return settings
+
+
+@dataclass
+class Runs:
+    seconds: list[float] = field(default_factory=list)  # per seed: seconds per image
+    stats: list = field(default_factory=list)
+    quality: list[dict] = field(default_factory=list)  # per seed
+    images: torch.Tensor | None = None
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "stdev": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def run_benchmark(pipe: Pipeline, settings: list[Setting], classes: list[int], seeds: int, batch_size: int,
+                  instruments=None, progress: bool = True) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Returns ``(results, first-seed images per setting)``."""
+    for s in settings:  # validate every setting before spending time
+        pipe.options.updated(**s.overrides)
+    labels = torch.tensor(classes)
+    runs = {s.label: Runs() for s in settings}
+    warm = labels[: min(len(labels), batch_size)]
+    for s in settings:
+        pipe.generate(warm[:1], seed=10_000, decode_images=False, **s.overrides)
+    total = seeds * len(settings)
+    bar = tqdm(total=total, desc="bench", disable=not progress, dynamic_ncols=True)
+    for seed in range(seeds):
+        order = settings[seed % len(settings):] + settings[: seed % len(settings)]
+        for s in order:
+            bar.set_postfix_str(f"seed {seed} {s.label}")
+            start = time.perf_counter()
+            tokens, images, stats = [], [], []
+            for i in range(0, len(labels), batch_size):
+                g = pipe.generate(labels[i : i + batch_size], seed=seed * 1000 + i, **s.overrides)
+                tokens.append(g.tokens)
+                images.append(g.images)
+                stats += g.stats
+            r = runs[s.label]
+            r.seconds.append(sum(st.seconds for st in stats) / len(stats))
+            r.stats += stats
+            if instruments is not None:
+                r.quality.append(instruments.evaluate(torch.cat(images), torch.cat(tokens), labels))
+            if seed == 0:
+                r.images = torch.cat(images)
+            bar.update(1)
+    bar.close()
+    return summarize(runs, settings), {label: r.images for label, r in runs.items()}
+
+
+def summarize(runs: dict[str, Runs], settings: list[Setting]) -> dict:
+    ar_median = statistics.median(runs["ar"].seconds)
+    modes = {}
+    for s in settings:
+        r = runs[s.label]
+        agg = aggregate(r.stats)
+        n = agg["images"]
+        entry = {
+            "mode": s.mode,
+            "options": s.overrides,
+            "tokens_per_target_forward": agg["tokens_per_target_forward"],
+            "target_forwards_per_image": agg["target_forwards"] / n,
+            "skipped_verifications_per_image": agg["skipped_verifications"] / n,
+            "mean_accept_length": agg["mean_accept_length"],
+            "drafter_forwards_per_image": agg["drafter_forwards"] / n,
+            "seconds_per_image": spread(r.seconds),
+            "speedup_vs_ar": ar_median / statistics.median(r.seconds),
+            "draft_seconds_per_image": agg["draft_seconds"] / n,
+            "verify_seconds_per_image": agg["verify_seconds"] / n,
+            "other_seconds_per_image": agg["other_seconds"] / n,
+        }
+        if r.quality:
+            for key in r.quality[0]:
+                entry[key] = spread([q[key] for q in r.quality])
+        modes[s.label] = entry
+    return {"modes": modes}
+
+
+def within_ar_spread(entry: dict, ar: dict) -> bool:
+    """Quality no worse than AR's worst seed on every instrument (accuracy higher is better, FID/NLL lower)."""
+    if "class_accuracy" not in entry:
+        return True
+    return (entry["class_accuracy"]["median"] >= ar["class_accuracy"]["min"]
+            and entry["domain_fid"]["median"] <= ar["domain_fid"]["max"]
+            and entry["nll"]["median"] <= ar["nll"]["max"])
+
+
+def markdown_table(results: dict) -> str:
+    modes = results["modes"]
+    quality = "class_accuracy" in modes["ar"]
+    head = ["setting", "TPF", "target fwd/img", "skipped/img", "accept len", "s/img (median [min-max])",
+            "speed-up vs ar", "draft/verify s/img"]
+    if quality:
+        head += ["class acc", "domain FID", "NLL"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, e in modes.items():
+        s = e["seconds_per_image"]
+        cells = [label, f"{e['tokens_per_target_forward']:.2f}", f"{e['target_forwards_per_image']:.1f}",
+                 f"{e['skipped_verifications_per_image']:.1f}", f"{e['mean_accept_length']:.2f}",
+                 f"{s['median']:.3f} [{s['min']:.3f}-{s['max']:.3f}]", f"{e['speedup_vs_ar']:.2f}x",
+                 f"{e['draft_seconds_per_image']:.3f}/{e['verify_seconds_per_image']:.3f}"]
+        if quality:
+            cells += [f"{e[k]['median']:.3f} [{e[k]['min']:.3f}-{e[k]['max']:.3f}]"
+                      for k in ("class_accuracy", "domain_fid", "nll")]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def pareto_plot(results: dict, path: Path) -> None:
+    """Speed-up and TPF against the quality axis (domain FID when measured, else NLL-free: TPF only)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = results["modes"]
+    ar = modes["ar"]
+    quality = "domain_fid" in ar
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, metric, title in ((axes[0], "speedup_vs_ar", "wall-clock speed-up vs ar (same run)"),
+                              (axes[1], "tokens_per_target_forward", "tokens per target forward")):
+        for label, e in modes.items():
+            x = e["domain_fid"]["median"] if quality else 0.0
+            ax.scatter(x, e[metric], s=40, zorder=3)
+            ax.annotate(label, (x, e[metric]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        if quality:
+            ax.axvspan(ar["domain_fid"]["min"], ar["domain_fid"]["max"], color="grey", alpha=0.2,
+                       label="AR seed-to-seed spread")
+            ax.set_xlabel("domain FID (lower is better)")
+            ax.legend(fontsize=7, loc="lower right")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+def write_results(results: dict, out: Path, sample_images: dict[str, torch.Tensor]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "results.json", lambda tmp: tmp.write_text(json.dumps(results, indent=1) + "\n"))
+    atomic_write(out / "table.md", lambda tmp: tmp.write_text(markdown_table(results)))
+    pareto_plot(results, out / "pareto.png")
+    for label, images in sample_images.items():
+        safe = label.replace("[", "_").replace("]", "").replace("=", "-")
+        save_png(grid_image(images), out / f"samples_{safe}.png")
+
+
+def load_instruments(folder: Path, manifest: dict):
+    """The shipped model's quality instruments, when the engine folder holds the shipped model (same classes)."""
+    from vvs.engines.manifest import TORCH_WEIGHTS
+    from vvs.models.bundle import SHIPPED_DIR, shipped_info
+    from vvs.models.loading import load_gpt
+    from vvs.quality import Instruments
+    from vvs.train.shipped import load_classifier
+
+    try:
+        shipped = [c["name"] for c in shipped_info()["classes"]]
+    except VVSError:
+        return None
+    if manifest["model"].get("classes") != shipped:
+        return None
+    return Instruments(load_classifier(SHIPPED_DIR / "classifier.safetensors"),
+                       load_gpt(Path(folder) / TORCH_WEIGHTS["target"]))
