@@ -13,7 +13,8 @@ import torch
 from vvs.engines import load_engines
 from vvs.engines.manifest import EngineFolderError
 from vvs.export.graphs import build_graphs
-from vvs.export.onnx_export import export_graph, sample_inputs
+from vvs.export.onnx_export import export_graph
+from vvs.export.spec import sample_inputs
 from vvs.export.spec import graph_specs
 from vvs.export.trt_check import tensorrt_problems
 from vvs.runtime.pipeline import Pipeline

@@ -8,7 +8,7 @@ from conftest import SMALL
 from vvs.engines import load_engines
 from vvs.export.exporter import export_folder
 from vvs.export.graphs import build_graphs
-from vvs.export.onnx_export import sample_inputs
+from vvs.export.spec import sample_inputs
 from vvs.export.trt_check import tensorrt_problems
 
 

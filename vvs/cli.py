@@ -37,6 +37,8 @@ model_options = [
     click.option("--config", "config", default=None,
                  help="Named GPT size of --checkpoint (GPT-B, GPT-L, GPT-XL, ...). Not needed for vvs files."),
     click.option("--t2i", is_flag=True, help="The checkpoint is text-conditional (120 caption slots)."),
+    click.option("--grid-size", type=click.IntRange(1), default=None,
+                 help="Token grid side of --checkpoint: 16 (256 px, default), 24 (384 px), 32 (512 px)."),
     click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
                  help="Target GPT weights (official .pt or vvs .safetensors). Default: the shipped model."),
     click.option("--vq", type=click.Path(dir_okay=False), default=None,
@@ -69,15 +71,15 @@ def with_model_options(fn):
               help="LANTERN neighbours stored per code (default: the decoding default lantern_k).")
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True,
               help="tensorrt also builds TensorRT engines from the graphs (needs TensorRT 11 and a GPU).")
-def export_cmd(model, config, t2i, checkpoint, vq, vq_config, drafter, ema, precision, out, max_draft_top_k,
-               lantern_k, backend):
+def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter, ema, precision, out,
+               max_draft_top_k, lantern_k, backend):
     import time
 
     from vvs.export.exporter import export_folder
     from vvs.models.bundle import load_bundle, shipped_info
 
     start = time.time()
-    bundle = load_bundle(checkpoint, config, vq, vq_config, drafter, t2i=t2i, ema=ema)
+    bundle = load_bundle(checkpoint, config, vq, vq_config, drafter, t2i=t2i, ema=ema, grid_size=grid_size)
     click.echo(bundle.summary())
     shipped = shipped_info() if not (checkpoint or drafter or vq) else None
     extra = {"classes": [c["name"] for c in shipped["classes"]], "image_size": shipped["image_size"]} if shipped else {}

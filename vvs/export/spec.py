@@ -139,3 +139,39 @@ def graph_specs(target, drafter, vq, max_draft_top_k: int, act: str = "float32")
             TensorSpec("image", "float32", ("images", 3, image, image)),
         )),
     }
+
+
+SAMPLE_DIMS = {"batch": 4, "images": 2, "new": 3, "past": 7}  # distinct, so no dynamic axis gets specialised
+
+
+def sample_tensor(spec: TensorSpec, dims: dict[str, int], vocab: int, max_position: int) -> torch.Tensor:
+    shape = [d if isinstance(d, int) else (dims["past"] + dims["new"] if d == "past_plus_new" else dims[d])
+             for d in spec.shape]
+    dtype = spec.torch_dtype
+    if spec.name == "attn_mask":
+        mask = torch.rand(shape) > 0.3
+        mask[..., -shape[2]:] |= torch.eye(shape[2], dtype=torch.bool)  # every row sees itself
+        return mask
+    if spec.name in ("input_ids", "codes"):
+        return torch.randint(0, vocab, shape)
+    if spec.name == "position_ids":
+        return torch.randint(0, max_position + 1, shape)
+    if spec.name == "condition" and dtype == torch.int64:
+        return torch.randint(0, 2, shape)
+    if spec.name == "temperature":
+        return torch.ones(shape)
+    if spec.name == "top_k":
+        return torch.zeros(shape, dtype=torch.long)
+    if spec.name == "top_p":
+        return torch.ones(shape)
+    return torch.randn(shape, dtype=dtype)
+
+
+def sample_inputs(spec: GraphSpec, vocab: int, max_position: int, dims: dict[str, int] | None = None):
+    dims = dims or SAMPLE_DIMS
+    gen_state = torch.get_rng_state()
+    torch.manual_seed(0)
+    try:
+        return tuple(sample_tensor(t, dims, vocab, max_position) for t in spec.inputs)
+    finally:
+        torch.set_rng_state(gen_state)

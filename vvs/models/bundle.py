@@ -58,10 +58,13 @@ def load_bundle(
     drafter: str | None = None,
     t2i: bool = False,
     ema: bool = False,
+    grid_size: int | None = None,
 ) -> ModelBundle:
-    """Load the three models; any argument left out falls back to the shipped model."""
+    """Load the three models; any argument left out falls back to the shipped model. ``config`` names the size
+    of an official checkpoint; ``grid_size`` its token grid (16 for 256 px, 24 for 384 px, 32 for 512 px)."""
+    overrides = {**({"model_type": "t2i"} if t2i else {}), **({"grid_size": grid_size} if grid_size else {})}
     try:
-        target_cfg = gpt_config(config, **({"model_type": "t2i"} if t2i else {})) if config else None
+        target_cfg = gpt_config(config, **overrides) if config else None
         vq_cfg = vq_config(vq_config_name) if vq_config_name else None
     except KeyError as err:
         raise VVSError(str(err.args[0])) from None
