@@ -23,7 +23,7 @@ from vvs.runtime.options import DecodeOptions, OptionsError
 from vvs.runtime.sampling import Processor, cfg_matrix, sample
 from vvs.runtime.skip import decide_skip, select_unverified
 from vvs.runtime.stats import ImageStats, Stopwatch
-from vvs.runtime.tree import TreeDrafter
+from vvs.runtime.tree import DraftTree, TreeDrafter
 
 
 class Decoding:
@@ -141,126 +141,153 @@ def decode_ar(d: Decoding) -> tuple[torch.Tensor, list[ImageStats]]:
 # ---------------------------------------------------------------------- speculative decoding (SD, LANTERN, VVS)
 
 
-def decode_speculative(d: Decoding) -> tuple[torch.Tensor, list[ImageStats]]:
-    opts, e, n, dev = d.opts, d.engines, d.n, d.dev
-    if opts.draft_top_k > e.max_draft_top_k:
-        raise OptionsError(f"option draft_top_k={opts.draft_top_k}: the drafter graph returns at most "
-                           f"{e.max_draft_top_k} candidates per node")
-    relax = Relaxation(e.neighbours(opts.lantern_k), opts.lantern_delta) if opts.relaxed else None
-    graph_inputs = {"cfg_mix": d.cfg_mix, **d.proc.graph_inputs()}
-    drafter_kv = e.cache_buffer("drafter_kv", (e.drafter_layers, 2, d.layout.rows, d.cfg.n_head,
-                                               d.capacity + opts.depth * opts.draft_top_k, d.cfg.head_dim))
-    drafter = TreeDrafter(e.graphs["drafter_step"], d.layout, drafter_kv, d.capacity, opts.depth, opts.draft_top_k,
-                          d.max_position())
-    width = opts.max_path_tokens  # widest chain, path, or drafter update
-    features = FeatureCache(d.layout, d.capacity, d.cfg.dim, e.dtype, dev)
+class Speculation:
+    """The speculative loop's state beyond :class:`Decoding`: the drafter and its cache, the feature cache, the
+    unverified chain of a skipped cycle, and what the drafter consumes next."""
 
-    pre = d.prefill()
-    features.append(pre["hidden"], torch.arange(d.C, device=dev).expand(n, -1), torch.full((n,), d.C, device=dev))
-    # EAGLE pairing: the drafter slot consuming the token at position p + 1 gets the feature of position p.
-    # The first slots consume the condition slots 1 … C-1 (placeholder id 0) and the first image token.
-    first_ids = torch.zeros(n, d.C, dtype=torch.long, device=dev)
-    first_ids[:, -1] = d.root
-    feed = (first_ids, pre["hidden"], torch.arange(1, d.C + 1, device=dev).expand(n, -1),
-            torch.full((n,), d.C, device=dev))
+    def __init__(self, d: Decoding):
+        opts, e, n, dev = d.opts, d.engines, d.n, d.dev
+        if opts.draft_top_k > e.max_draft_top_k:
+            raise OptionsError(f"option draft_top_k={opts.draft_top_k}: the drafter graph returns at most "
+                               f"{e.max_draft_top_k} candidates per node")
+        self.d, self.opts, self.n, self.dev = d, opts, n, dev
+        self.relax = Relaxation(e.neighbours(opts.lantern_k), opts.lantern_delta) if opts.relaxed else None
+        self.graph_inputs = {"cfg_mix": d.cfg_mix, **d.proc.graph_inputs()}
+        drafter_kv = e.cache_buffer("drafter_kv", (e.drafter_layers, 2, d.layout.rows, d.cfg.n_head,
+                                                   d.capacity + opts.depth * opts.draft_top_k, d.cfg.head_dim))
+        self.drafter = TreeDrafter(e.graphs["drafter_step"], d.layout, drafter_kv, d.capacity, opts.depth,
+                                   opts.draft_top_k, d.max_position())
+        self.width = opts.max_path_tokens  # widest chain, path, or drafter update
+        self.features = FeatureCache(d.layout, d.capacity, d.cfg.dim, e.dtype, dev)
+        self.chain = torch.zeros(n, self.width, dtype=torch.long, device=dev)  # unverified tokens of a skip
+        self.chain_len = torch.zeros(n, dtype=torch.long, device=dev)
+        self.last_skipped = torch.zeros(n, dtype=torch.bool, device=dev)
+        self.cycle = torch.zeros(n, dtype=torch.long, device=dev)
 
-    chain = torch.zeros(n, width, dtype=torch.long, device=dev)  # unverified tokens awaiting verification
-    chain_len = torch.zeros(n, dtype=torch.long, device=dev)
-    last_skipped = torch.zeros(n, dtype=torch.bool, device=dev)
-    cycle = torch.zeros(n, dtype=torch.long, device=dev)
-    codebook = e.codebook
+        pre = d.prefill()
+        self.features.append(pre["hidden"], torch.arange(d.C, device=dev).expand(n, -1),
+                             torch.full((n,), d.C, device=dev))
+        # EAGLE pairing: the drafter slot consuming the token at position p + 1 gets the feature of position p.
+        # The first slots consume the condition slots 1 … C-1 (placeholder id 0) and the first image token.
+        ids = torch.zeros(n, d.C, dtype=torch.long, device=dev)
+        ids[:, -1] = d.root
+        self.feed = (ids, pre["hidden"], torch.arange(1, d.C + 1, device=dev).expand(n, -1),
+                     torch.full((n,), d.C, device=dev))
 
-    while (active := d.active).any():
-        # --- draft
+    def draft(self, active: torch.Tensor) -> DraftTree:
+        d = self.d
         d.clock.section("draft")
-        forwards_before = drafter.forwards
-        first = drafter.extend(*feed, graph_inputs)
-        root_pos = d.C + d.count
-        tree = drafter.grow(d.root, root_pos, first, opts.tree_size, graph_inputs)
+        before = self.drafter.forwards
+        first = self.drafter.extend(*self.feed, self.graph_inputs)
+        tree = self.drafter.grow(d.root, d.C + d.count, first, self.opts.tree_size, self.graph_inputs)
         d.clock.section("other")
         for i in active.nonzero().flatten().tolist():
-            d.stats[i].drafter_forwards += drafter.forwards - forwards_before
+            d.stats[i].drafter_forwards += self.drafter.forwards - before
+        return tree
 
-        # --- decide: skip this verification?
-        skip = torch.zeros(n, dtype=torch.bool, device=dev)
-        if opts.skips:
-            skip = active & decide_skip(opts, tree, cycle, d.count, last_skipped, codebook)
-        verifying = active & ~skip
+    def decide_skip(self, tree: DraftTree, active: torch.Tensor) -> torch.Tensor:
+        if not self.opts.skips:
+            return torch.zeros_like(active)
+        return active & decide_skip(self.opts, tree, self.cycle, self.d.count, self.last_skipped, self.d.engines.codebook)
 
-        next_ids = torch.zeros(n, width, dtype=torch.long, device=dev)
-        next_feats = torch.zeros(d.layout.rows, width, d.cfg.dim, dtype=e.dtype, device=dev)
-        next_count = torch.zeros(n, dtype=torch.long, device=dev)
-        new_root = d.root.clone()
+    def verify(self, tree: DraftTree, verifying: torch.Tensor, nxt: "NextFeed") -> None:
+        """One target forward over the pending chain ‖ the tree; commit the chain and the accepted path."""
+        d, n, dev = self.d, self.n, self.dev
+        a_max = int(self.chain_len.max())
+        j = torch.arange(a_max, device=dev)
+        in_chain = j[None, :] < self.chain_len[:, None]
+        t = tree.size
+        visible = torch.zeros(n, a_max + t, a_max + t, dtype=torch.bool, device=dev)
+        visible[:, :a_max, :a_max] = causal_within(self.chain_len, a_max)
+        visible[:, a_max:, :a_max] = in_chain[:, None, :]
+        visible[:, a_max:, a_max:] = tree.ancestors
+        root_pos = d.C + d.count
+        out = d.verify(torch.cat([self.chain[:, :a_max], tree.tokens], 1),
+                       torch.cat([d.kv.length[:, None] + j, root_pos[:, None] + tree.depth], 1), visible)
+        logits = out["logits"][:, a_max:]
+        if d.proc.greedy:
+            acc = greedy_accept(tree, logits, self.relax)
+        else:
+            acc = sample_accept(tree, d.proc.probs(logits), self.relax, self.opts.draft_top_k, d.gen)
+        length = torch.where(verifying, acc.length, 0)
+        # target rows to keep, in order: the chain, then the accepted path
+        keep = _compact(torch.cat([j.expand(n, -1), a_max + acc.nodes.clamp(min=0)], 1),
+                        torch.cat([in_chain, acc.nodes >= 0], 1))
+        kept = torch.where(verifying, self.chain_len + length, 0)
+        d.kv.commit(out["new_kv"], keep, kept)
+        self.features.append(out["hidden"], keep, kept)
+        path = tree.tokens.gather(1, acc.nodes.clamp(min=0))
         before = d.count.clone()
+        d.append_tokens(path, length)
+        # the drafter consumes the accepted drafts and the new root, fed the features of the accepted nodes
+        ids = torch.cat([path[:, 1:], torch.zeros_like(path[:, :1])], 1)
+        ids = ids.scatter(1, (length - 1).clamp(min=0)[:, None], acc.bonus[:, None])
+        rows = torch.arange(d.layout.rows, device=dev)[:, None]
+        nxt.set(verifying, ids, out["hidden"][rows, d.layout.expand(a_max + acc.nodes.clamp(min=0))], length,
+                acc.bonus)
+        self.chain_len = torch.where(verifying, 0, self.chain_len)
+        for i in verifying.nonzero().flatten().tolist():
+            d.stats[i].target_forwards += 1
+            d.stats[i].accept_lengths.append(int(length[i]))
+            d.stats[i].trace.append(["verify", int(before[i]), int(length[i])])
 
-        # --- verify: the pending chain and the tree in one target forward
-        if verifying.any():
-            a_max = int(chain_len.max())
-            j = torch.arange(a_max, device=dev)
-            in_chain = j[None, :] < chain_len[:, None]  # [n, a_max]
-            t = tree.size
-            visible = torch.zeros(n, a_max + t, a_max + t, dtype=torch.bool, device=dev)
-            visible[:, :a_max, :a_max] = causal_within(chain_len, a_max)
-            visible[:, a_max:, :a_max] = in_chain[:, None, :]
-            visible[:, a_max:, a_max:] = tree.ancestors
-            chain_pos = d.kv.length[:, None] + j
-            out = d.verify(torch.cat([chain[:, :a_max], tree.tokens], 1),
-                           torch.cat([chain_pos, root_pos[:, None] + tree.depth], 1), visible)
-            tree_logits = out["logits"][:, a_max:]
-            if d.proc.greedy:
-                acc = greedy_accept(tree, tree_logits, relax)
-            else:
-                acc = sample_accept(tree, d.proc.probs(tree_logits), relax, opts.draft_top_k, d.gen)
-            length = torch.where(verifying, acc.length, 0)
-            # target rows to keep: the chain, then the accepted path
-            keep = torch.cat([j.expand(n, -1), a_max + acc.nodes.clamp(min=0)], 1)
-            keep_ok = torch.cat([in_chain, acc.nodes >= 0], 1)
-            keep = _compact(keep, keep_ok)
-            kept = torch.where(verifying, chain_len + length, 0)
-            d.kv.commit(out["new_kv"], keep, kept)
-            features.append(out["hidden"], keep, kept)
-            path_tokens = tree.tokens.gather(1, acc.nodes.clamp(min=0))
-            d.append_tokens(path_tokens, length)
-            # next drafter slots: the accepted drafts and the new root, fed the features of the accepted nodes
-            shifted = torch.cat([path_tokens[:, 1:], torch.zeros_like(path_tokens[:, :1])], 1)
-            shifted = shifted.scatter(1, (length - 1).clamp(min=0)[:, None], acc.bonus[:, None])
-            w = min(width, shifted.shape[1])
-            next_ids[:, :w] = torch.where(verifying[:, None], shifted[:, :w], next_ids[:, :w])
-            node_rows = d.layout.expand(a_max + acc.nodes.clamp(min=0))[:, :w]
-            rows = torch.arange(d.layout.rows, device=dev)[:, None]
-            next_feats[:, :w] = torch.where(d.layout.expand(verifying)[:, None, None],
-                                            out["hidden"][rows, node_rows].to(e.dtype), next_feats[:, :w])
-            next_count = torch.where(verifying, length, next_count)
-            new_root = torch.where(verifying, acc.bonus, new_root)
-            chain_len = torch.where(verifying, 0, chain_len)
-            for i in verifying.nonzero().flatten().tolist():
-                s = d.stats[i]
-                s.target_forwards += 1
-                s.accept_lengths.append(int(length[i]))
-                s.trace.append(["verify", int(before[i]), int(length[i])])
+    def accept_unverified(self, tree: DraftTree, skipping: torch.Tensor, nxt: "NextFeed") -> None:
+        """Commit a random drafted path, truncated, without a target forward; it is verified next cycle."""
+        d = self.d
+        path, a, root = select_unverified(tree, self.width, d.gen)
+        a = torch.where(skipping, a, 0)
+        before = d.count.clone()
+        d.append_tokens(path, a)
+        self.chain = torch.where(skipping[:, None], path, self.chain)
+        self.chain_len = torch.where(skipping, a, self.chain_len)
+        # the drafter consumes the chain's drafts and the new root, fed the most recent cached features
+        nxt.set(skipping, path[:, 1:], self.features.most_recent(a, self.width), a, root)
+        for i in skipping.nonzero().flatten().tolist():
+            d.stats[i].skipped_verifications += 1
+            d.stats[i].skip_lengths.append(int(a[i]))
+            d.stats[i].trace.append(["skip", int(before[i]), int(a[i])])
 
-        # --- skip: accept a drafted path without verification
+    def advance(self, nxt: "NextFeed", active: torch.Tensor, skip: torch.Tensor) -> None:
+        d = self.d
+        root_pos = d.C + d.count - nxt.count  # where the old root sat
+        d.root = nxt.root
+        self.feed = (nxt.ids, nxt.features, root_pos[:, None] + 1 + torch.arange(self.width, device=self.dev),
+                     nxt.count)
+        self.last_skipped = torch.where(active, skip, self.last_skipped)
+        self.cycle = self.cycle + active.long()
+
+
+class NextFeed:
+    """Per image, the drafter's next stable slots: tokens, features, how many, and the new root."""
+
+    def __init__(self, s: Speculation):
+        d = s.d
+        self.layout = d.layout
+        self.ids = torch.zeros(s.n, s.width, dtype=torch.long, device=s.dev)
+        self.features = torch.zeros(d.layout.rows, s.width, d.cfg.dim, dtype=d.engines.dtype, device=s.dev)
+        self.count = torch.zeros(s.n, dtype=torch.long, device=s.dev)
+        self.root = d.root.clone()
+
+    def set(self, which, ids, features, count, root) -> None:
+        w = min(self.ids.shape[1], ids.shape[1], features.shape[1])
+        self.ids[:, :w] = torch.where(which[:, None], ids[:, :w], self.ids[:, :w])
+        rows = self.layout.expand(which)[:, None, None]
+        self.features[:, :w] = torch.where(rows, features[:, :w].to(self.features.dtype), self.features[:, :w])
+        self.count = torch.where(which, count, self.count)
+        self.root = torch.where(which, root, self.root)
+
+
+def decode_speculative(d: Decoding) -> tuple[torch.Tensor, list[ImageStats]]:
+    s = Speculation(d)
+    while (active := d.active).any():
+        tree = s.draft(active)
+        skip = s.decide_skip(tree, active)
+        nxt = NextFeed(s)
+        if (active & ~skip).any():
+            s.verify(tree, active & ~skip, nxt)
         if skip.any():
-            picked, a, skip_root = select_unverified(tree, width, d.gen)
-            a = torch.where(skip, a, 0)
-            d.append_tokens(picked, a)
-            chain = torch.where(skip[:, None], picked, chain)
-            chain_len = torch.where(skip, a, chain_len)
-            # the drafter consumes the chain's drafts and the new root, fed the most recent cached features
-            next_ids[:, :-1] = torch.where(skip[:, None], picked[:, 1:], next_ids[:, :-1])
-            next_feats = torch.where(d.layout.expand(skip)[:, None, None], features.most_recent(a, width), next_feats)
-            next_count = torch.where(skip, a, next_count)
-            new_root = torch.where(skip, skip_root, new_root)
-            for i in skip.nonzero().flatten().tolist():
-                s = d.stats[i]
-                s.skipped_verifications += 1
-                s.skip_lengths.append(int(a[i]))
-                s.trace.append(["skip", int(before[i]), int(a[i])])
-
-        d.root = new_root
-        feed = (next_ids, next_feats, root_pos[:, None] + 1 + torch.arange(width, device=dev), next_count)
-        last_skipped = torch.where(active, skip, last_skipped)
-        cycle = cycle + active.long()
+            s.accept_unverified(tree, skip, nxt)
+        s.advance(nxt, active, skip)
     return d.finish()
 
 
