@@ -10,7 +10,8 @@ from vvs.quality import Instruments
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
 from vvs.train.classifier import accuracy, real_crops
-from vvs.train.shipped import HELDOUT_SEED, load_classifier, sha256
+from vvs.engines.manifest import sha256
+from vvs.train.shipped import HELDOUT_SEED, load_classifier
 from vvs.train.tokenizer import tokenizer_psnr
 
 PSNR_BAR_DB = 21.0  # measured 22.9 dB mean on 256 held-out crops when the weights were made

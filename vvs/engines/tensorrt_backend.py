@@ -14,7 +14,7 @@ import torch
 
 from vvs.engines.base import GRAPHS, EngineSet
 from vvs.engines.buckets import BucketedEngine
-from vvs.engines.tensorrt_build import TRT_DIR
+from vvs.engines.tensorrt_build import TRT_DIR, import_tensorrt
 from vvs.engines.manifest import EngineFolderError, engine_set, graph_spec, read_manifest, verify_files
 from vvs.export.spec import GraphSpec
 
@@ -71,12 +71,7 @@ class TrtEngine:
 
 
 def load_tensorrt(folder: str | Path, device: str = "cuda", cuda_graphs: bool = False, trt=None) -> EngineSet:
-    if trt is None:
-        try:
-            import tensorrt as trt
-        except ImportError:
-            raise EngineFolderError("the tensorrt backend needs TensorRT 11 (pip install --extra-index-url "
-                                    "https://pypi.nvidia.com 'vvs[trt]'); use --backend onnxruntime otherwise") from None
+    trt = trt or import_tensorrt()
     folder = Path(folder)
     device = torch.device(device)
     manifest = read_manifest(folder)

@@ -27,6 +27,16 @@ class BuildError(VVSError):
     pass
 
 
+def import_tensorrt():
+    """The ``tensorrt`` module, or a one-line error saying how to get it."""
+    try:
+        import tensorrt
+    except ImportError:
+        raise VVSError("TensorRT 11 is not installed: pip install --extra-index-url https://pypi.nvidia.com "
+                       "'vvs[trt]' on a machine with an NVIDIA GPU (or use --backend onnxruntime)") from None
+    return tensorrt
+
+
 def shape_ranges(manifest: dict, name: str, max_images: int) -> list[dict[str, tuple[tuple, tuple, tuple]]]:
     """Per optimisation profile: input name -> (min, opt, max) shapes. One profile per ``new`` bucket."""
     spec = graph_spec(manifest, name)
@@ -83,12 +93,7 @@ def build_engine(trt, onnx_path: Path, name: str, profiles, timing_cache: bytes,
 
 def build_folder(folder: Path, max_images: int = 8, trt=None) -> dict:
     """Build every graph of ``folder`` into ``folder/tensorrt`` and record the engines in the manifest."""
-    if trt is None:
-        try:
-            import tensorrt as trt
-        except ImportError:
-            raise BuildError("TensorRT is not installed: pip install --extra-index-url https://pypi.nvidia.com "
-                             "'vvs[trt]' on a machine with an NVIDIA GPU") from None
+    trt = trt or import_tensorrt()
     folder = Path(folder)
     manifest = read_manifest(folder)
     verify_files(folder, manifest)

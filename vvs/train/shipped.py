@@ -6,7 +6,6 @@ training resumes from its last checkpoint. ``out_dir/weights`` finally holds the
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from vvs.engines.manifest import sha256
 from vvs.models.gpt import GPT
 from vvs.models.loading import load_drafter, load_gpt, load_state, load_vq, read_checkpoint, save_model
 from vvs.quality import ClassifierConfig, PhotoClassifier
@@ -138,11 +138,3 @@ def ship(out_dir: Path, models: dict, metrics: dict, seed: int, seconds: float) 
     tmp.write_text(json.dumps(info, indent=2) + "\n")
     os.replace(tmp, weights / "shipped.json")
     return weights
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
