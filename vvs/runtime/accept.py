@@ -87,6 +87,8 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None
         for j in range(kids.shape[1]):
             child = kids[:, j]
             trying = walking & ~moved & (child >= 0)
+            if not trying.any():  # children are sorted with -1 padding last: nothing left to try at this depth
+                break
             x = tree.tokens[img, child.clamp(min=0)]
             px = p.gather(1, x[:, None]).squeeze(1)
             extra, lent = relax.lend(p, x) if relax is not None else (torch.zeros_like(px), None)
