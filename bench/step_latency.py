@@ -53,7 +53,7 @@ def main():
                 start = time.perf_counter()
                 e.graphs[name].run(**inputs)
                 samples[b].append((time.perf_counter() - start) * 1e3)
-        label = {None: "-", 1: "1 (AR step)"}.get(new, str(new))
+        label = "-" if new is None else f"{new} (AR step)" if (name, new) == ("target_verify", 1) else str(new)
         print(f"| {name} | {label} | " + " | ".join(f"{statistics.median(samples[b]):.2f}" for b in backends) + " |")
 
 

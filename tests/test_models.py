@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from vvs.models import GPT, Drafter, DrafterConfig, causal_mask, gpt_config
-from vvs.models.layers import apply_rope, rope_2d_table
+from vvs.models.layers import apply_rope, pair_swap, rope_2d_table, rope_factors
 
 TOL = 1e-5
 
@@ -91,7 +91,12 @@ def test_rope_condition_rows_are_zero_and_pairs_interleaved():
     table = rope_2d_table(grid, hd, 10000.0, c)
     assert table.shape == (c + grid * grid, hd // 2, 2)
     x = torch.randn(1, c + grid * grid, 2, hd)
-    rotated = apply_rope(x, table[None])
+    rotated = apply_rope(x, *rope_factors(table[None]), pair_swap(hd))
+    # the official pairwise form, element for element
+    xs = x.reshape(*x.shape[:-1], -1, 2)
+    cos, sin = table[None, :, None, :, 0], table[None, :, None, :, 1]
+    official = torch.stack([xs[..., 0] * cos - xs[..., 1] * sin, xs[..., 1] * cos + xs[..., 0] * sin], -1).flatten(3)
+    assert torch.equal(rotated, official)
     # condition queries/keys are zeroed, not left unrotated
     assert torch.count_nonzero(rotated[:, :c]) == 0
     # a token's rotation depends on its (row, column) only: the row angles sit on the first half of the pairs
@@ -104,7 +109,7 @@ def test_rope_condition_rows_are_zero_and_pairs_interleaved():
     pos = c + 1 * grid + 2
     v = torch.zeros(1, 1, 1, hd)
     v[..., 2] = 1.0  # the first element of pair m = 1
-    out = apply_rope(v, table[pos : pos + 1][None])
+    out = apply_rope(v, *rope_factors(table[pos : pos + 1][None]), pair_swap(hd))
     cos, sin = table[pos, 1]
     assert out[0, 0, 0, 2].item() == pytest.approx(cos.item())
     assert out[0, 0, 0, 3].item() == pytest.approx(sin.item())

@@ -60,6 +60,8 @@ def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | Non
     if threads:
         options.intra_op_num_threads = threads
     options.log_severity_level = 3
+    # ORT's worker threads otherwise spin after every run and starve the runtime's own (torch) tensor code
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     engines = {}
     for name in GRAPHS:
         if name not in manifest["graphs"]:

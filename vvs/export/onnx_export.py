@@ -7,6 +7,7 @@ itself. Opset 23: ONNX Runtime 1.31 and TensorRT 11's parser both read it; atten
 """
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -27,6 +28,7 @@ def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: in
     args = sample_inputs(spec, vocab, max_position)
     dynamic = tuple({axis: Dim.AUTO for axis, d in enumerate(t.shape) if isinstance(d, str)} or None
                     for t in spec.inputs)
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # e.g. "torchvision is not installed" notices
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(module, args, dynamo=True, opset_version=OPSET, dynamic_shapes=dynamic,

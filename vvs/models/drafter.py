@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from vvs.models.gpt import GPTConfig
-from vvs.models.layers import RMSNorm, apply_rope, attend, rope_2d_table
+from vvs.models.layers import RMSNorm, apply_rope, attend, pair_swap, rope_2d_table, rope_factors
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class DrafterAttention(nn.Module):
     def forward(self, x, rope, mask, past_kv):
         b, t, _ = x.shape
         q, k, v = (p(x).view(b, t, self.n_head, self.head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
-        out, new_kv = attend(apply_rope(q, rope), apply_rope(k, rope), v, past_kv, mask)
+        out, new_kv = attend(apply_rope(q, *rope), apply_rope(k, *rope), v, past_kv, mask)
         return self.o_proj(out), new_kv
 
 
@@ -154,6 +154,7 @@ class Drafter(nn.Module):
         self.layers = nn.ModuleList(DrafterLayer(config, i) for i in range(config.num_hidden_layers))
         rope = rope_2d_table(target.grid_size, target.head_dim, target.rope_base, target.cls_token_num)
         self.register_buffer("rope", rope, persistent=False)
+        self.register_buffer("rope_swap", pair_swap(target.head_dim), persistent=False)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)
@@ -165,7 +166,7 @@ class Drafter(nn.Module):
         ``[B, T]`` (target positions of the tokens), mask bool ``[B or 1, 1, T, P + T]``,
         past_kv ``[num_hidden_layers, 2, B, H, P, hd]`` or None."""
         x = self.fc(torch.cat([self.embed_tokens(tokens).to(features.dtype), features], dim=-1))
-        rope = self.rope[position_ids]
+        rope = (*rope_factors(self.rope[position_ids]), self.rope_swap)
         new_kv = []
         for i, layer in enumerate(self.layers):
             x, kv = layer(x, rope, mask, None if past_kv is None else past_kv[i])

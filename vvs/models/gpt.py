@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from vvs.models.layers import RMSNorm, apply_rope, attend, ffn_hidden_size, rope_2d_table
+from vvs.models.layers import RMSNorm, apply_rope, attend, ffn_hidden_size, pair_swap, rope_2d_table, rope_factors
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ class Attention(nn.Module):
     def forward(self, x, rope, mask, past_kv):
         b, t, _ = x.shape
         q, k, v = self.wqkv(x).view(b, t, 3, self.n_head, self.head_dim).unbind(2)
-        out, new_kv = attend(apply_rope(q, rope), apply_rope(k, rope), v, past_kv, mask)
+        out, new_kv = attend(apply_rope(q, *rope), apply_rope(k, *rope), v, past_kv, mask)
         return self.resid_dropout(self.wo(out)), new_kv
 
 
@@ -196,6 +196,7 @@ class GPT(nn.Module):
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         rope = rope_2d_table(config.grid_size, config.head_dim, config.rope_base, config.cls_token_num)
         self.register_buffer("rope", rope, persistent=False)  # a constant, not part of checkpoints
+        self.register_buffer("rope_swap", pair_swap(config.head_dim), persistent=False)
         # LlamaGen zero-initialises `output` for training; a random head keeps untrained models testable.
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -238,7 +239,7 @@ class GPT(nn.Module):
         return self.forward_embeddings(self.tok_dropout(x), positions, mask)
 
     def forward_embeddings(self, x, position_ids, mask, past_kv=None) -> GPTOutput:
-        rope = self.rope[position_ids]
+        rope = (*rope_factors(self.rope[position_ids]), self.rope_swap)
         new_kv = []
         for i, layer in enumerate(self.layers):
             x, kv = layer(x, rope, mask, None if past_kv is None else past_kv[i])

@@ -43,13 +43,29 @@ def rope_2d_table(grid_size: int, head_dim: int, base: float, cls_token_num: int
     return torch.cat([torch.zeros(cls_token_num, half, 2), table])
 
 
-def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs ``(x[2m], x[2m+1])`` of ``x [B, T, H, hd]`` by ``rope [B, T, hd/2, 2]``, in fp32."""
-    xs = x.float().reshape(*x.shape[:-1], -1, 2)
-    cos = rope[:, :, None, :, 0]
-    sin = rope[:, :, None, :, 1]
-    out = torch.stack([xs[..., 0] * cos - xs[..., 1] * sin, xs[..., 1] * cos + xs[..., 0] * sin], dim=-1)
-    return out.flatten(3).type_as(x)
+def rope_factors(rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-element ``(cos, sin)`` ``[B, T, 1, hd]`` from table rows ``rope [B, T, hd/2, 2]`` (each angle twice,
+    once per element of its pair). Computed once per forward, shared by every layer."""
+    cos = rope[..., 0].repeat_interleave(2, dim=-1).unsqueeze(2)
+    sin = rope[..., 1].repeat_interleave(2, dim=-1).unsqueeze(2)
+    return cos, sin
+
+
+def pair_swap(head_dim: int) -> torch.Tensor:
+    """``[hd, hd]`` with ``(x @ P)[2m] = -x[2m+1]`` and ``(x @ P)[2m+1] = x[2m]``."""
+    p = torch.zeros(head_dim, head_dim)
+    m = torch.arange(0, head_dim, 2)
+    p[m + 1, m] = -1.0
+    p[m, m + 1] = 1.0
+    return p
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, swap: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs ``(x[2m], x[2m+1])`` of ``x [B, T, H, hd]`` in fp32:
+    ``(x0·c - x1·s, x1·c + x0·s)``, written as ``x·cos + (x @ swap)·sin`` — the same floating-point operations
+    as the pairwise form (the swap matmul only moves and negates), in a handful of graph nodes."""
+    xf = x.float()
+    return (xf * cos + (xf @ swap) * sin).type_as(x)
 
 
 def attend(
@@ -81,7 +97,7 @@ def ffn_hidden_size(dim: int, multiple_of: int, ffn_dim_multiplier: float | None
 
 def cast_floating(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Cast a model's weights to ``dtype`` but keep RoPE tables (angles, not activations) in float32."""
-    ropes = {name: buf for name, buf in module.named_buffers() if name.rsplit(".", 1)[-1] == "rope"}
+    ropes = {name: buf for name, buf in module.named_buffers() if name.rsplit(".", 1)[-1] in ("rope", "rope_swap")}
     module.to(dtype)
     for name, buf in ropes.items():
         owner, _, leaf = name.rpartition(".")
