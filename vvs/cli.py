@@ -61,8 +61,9 @@ def with_model_options(fn):
                     "model that ships with vvs.")
 @with_model_options
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
-              help="fp16: half-precision graphs (RMSNorm, RoPE and logits stay fp32). int8: the target's linear "
-                   "layers as explicit Q/DQ (SmoothQuant W8A8), the rest fp16 on GPU builds / fp32 here.")
+              help="fp16: half-precision graphs (RMSNorm, RoPE and the logits stay fp32). int8: SmoothQuant "
+                   "W8A8 Q/DQ on the target's linear layers, calibrated on the model's own samples; everything "
+                   "else stays fp32 (the drafter is never quantized).")
 @click.option("--out", type=click.Path(file_okay=False), default="engines", show_default=True,
               help="Engine folder to write (replaced only once the new one is complete).")
 @click.option("--max-draft-top-k", type=click.IntRange(1, 64), default=10, show_default=True,
