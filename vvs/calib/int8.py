@@ -3,9 +3,11 @@
 1. Calibration data comes from the model itself: token sequences sampled from the target (vanilla AR with
    guidance, the distribution it will see when serving), for a spread of classes. Per linear layer we record the
    per-input-channel absolute maximum of its activations. The result is cached in a small safetensors file.
-2. SmoothQuant (alpha = 0.5) moves activation outliers into the weights where the input comes straight from an
-   RMSNorm (``wqkv`` after ``attention_norm``; ``w1``/``w3`` after ``ffn_norm``): the norm weight is divided by
-   ``s`` and the weight columns multiplied by it, which is exact in floating point.
+2. SmoothQuant (alpha = 0.5) moves activation outliers into the weights, wherever the division by ``s`` can be
+   folded exactly into the producer of the activation: ``wqkv`` and ``w1``/``w3`` (inputs straight from an
+   RMSNorm: divide the norm weight) and ``w2`` (input ``silu(w1 x) * (w3 x)``: divide the rows of ``w3``); the
+   consuming weight's columns are multiplied by ``s``. ``wo`` is not smoothed: folding into the value rows would
+   change what the KV cache holds, and graphs of every precision must read the same cache.
 3. Every linear layer of the blocks becomes ``QDQLinear``: activations per-tensor, weights per-output-channel,
    symmetric int8 with zero point 0 (TensorRT accepts nothing else). Attention, norms, RoPE and the output head
    stay in floating point; so does the drafter (quantising it lowers acceptance).
@@ -27,7 +29,6 @@ from vvs.models.gpt import GPT
 from vvs.runtime.options import DecodeOptions
 
 QUANTIZED = ("attention.wqkv", "attention.wo", "feed_forward.w1", "feed_forward.w3", "feed_forward.w2")
-SMOOTHED = {"attention_norm": ("attention.wqkv",), "ffn_norm": ("feed_forward.w1", "feed_forward.w3")}
 
 
 def _onnx_op(op: str, inputs: tuple, dtype: torch.dtype, shape, axis: int | None = None) -> torch.Tensor:
@@ -107,25 +108,36 @@ def calibrate(bundle: ModelBundle, cache: Path | None, num: int = 32, seed: int 
     return stats
 
 
+def _smoothing(act_absmax: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
+    w_max = torch.stack([w.abs().amax(0) for w in weights]).amax(0).clamp_min(1e-5)
+    return (act_absmax.clamp_min(1e-5) ** alpha / w_max ** (1 - alpha)).clamp(1e-2, 1e2)
+
+
 @torch.no_grad()
 def quantize_target(target: GPT, stats: dict[str, torch.Tensor], alpha: float = 0.5) -> GPT:
     """A copy of ``target`` with SmoothQuant applied and every block linear replaced by :class:`QDQLinear`."""
     q = copy.deepcopy(target).eval()
     absmax = {k: v.clone() for k, v in stats.items()}
     for i, layer in enumerate(q.layers):
-        for norm_name, linears in SMOOTHED.items():
-            mods = [layer.get_submodule(n) for n in linears]
-            keys = [f"layers.{i}.{n}" for n in linears]
-            w_max = torch.stack([m.weight.abs().amax(0) for m in mods]).amax(0).clamp_min(1e-5)
-            s = (absmax[keys[0]].clamp_min(1e-5) ** alpha / w_max ** (1 - alpha)).clamp(1e-2, 1e2)
-            getattr(layer, norm_name).weight.div_(s)
-            for m, k in zip(mods, keys):
+        attn, ffn = layer.attention, layer.feed_forward
+        key = lambda name: f"layers.{i}.{name}"  # noqa: E731
+        # inputs straight from an RMSNorm: divide its weight
+        for norm, linears in ((layer.attention_norm, (attn.wqkv,)), (layer.ffn_norm, (ffn.w1, ffn.w3))):
+            names = [n for n in QUANTIZED if layer.get_submodule(n) in linears]
+            s = _smoothing(absmax[key(names[0])], [m.weight for m in linears], alpha)
+            norm.weight.div_(s)
+            for m, n in zip(linears, names):
                 m.weight.mul_(s)
-                absmax[k] = absmax[k] / s
+                absmax[key(n)] = absmax[key(n)] / s
+        # w2 reads silu(w1 x) * (w3 x), linear in w3 x: divide the rows of w3
+        s = _smoothing(absmax[key("feed_forward.w2")], [ffn.w2.weight], alpha)
+        ffn.w3.weight.div_(s[:, None])
+        ffn.w2.weight.mul_(s)
+        absmax[key("feed_forward.w2")] = absmax[key("feed_forward.w2")] / s
         for n in QUANTIZED:
             parent, _, leaf = n.rpartition(".")
             owner = layer.get_submodule(parent)
-            setattr(owner, leaf, QDQLinear(getattr(owner, leaf), float(absmax[f"layers.{i}.{n}"].max())))
+            setattr(owner, leaf, QDQLinear(getattr(owner, leaf), float(absmax[key(n)].max())))
     return q
 
 
