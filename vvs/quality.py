@@ -55,7 +55,7 @@ class PhotoClassifier(nn.Module):
 def frechet_distance(mu1, cov1, mu2, cov2) -> float:
     mu1, mu2 = np.asarray(mu1, np.float64), np.asarray(mu2, np.float64)
     cov1, cov2 = np.asarray(cov1, np.float64), np.asarray(cov2, np.float64)
-    covmean, _ = linalg.sqrtm(cov1 @ cov2, disp=False)
+    covmean = linalg.sqrtm(cov1 @ cov2)
     if not np.isfinite(covmean).all():
         eps = 1e-6 * np.eye(len(cov1))
         covmean = linalg.sqrtm((cov1 + eps) @ (cov2 + eps))
