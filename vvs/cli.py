@@ -225,7 +225,7 @@ def run_main():
 @with_decoding_options
 @click.option("--threads", type=click.IntRange(1), default=None)
 @click.option("--tune", is_flag=True, help="Tune tree and skip interval for this machine and save them as defaults.")
-@click.option("--out", type=click.Path(file_okay=False), default="bench", show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), default="bench-results", show_default=True)
 def bench_cmd(engine_dir, backend, device, modes, num_images, seeds, classes, batch_size, sweep, threads, tune, out,
               **decoding):
     from vvs.bench import load_instruments, machine, make_settings, parse_sweep, run_benchmark, write_results
