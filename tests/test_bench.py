@@ -50,6 +50,10 @@ def test_tuner_prefers_smaller_trees_when_verification_cost_grows():
     expensive_drafter = choose_tree(flat, 1e-3, forwards)
     assert expensive_drafter.predicted_seconds == pytest.approx(min(
         t * 1e-3 + d * 1e-3 for t, d in forwards.values()))
+    # a runtime cost per cycle favours trees that need fewer cycles
+    cycles = {key: (t, d, c) for (key, (t, d)), c in zip(forwards.items(), (200.0, 110.0, 90.0))}
+    assert choose_tree(steep, 1e-5, cycles, cycle_cost=0.0).tree_size == 8
+    assert choose_tree(steep, 1e-5, cycles, cycle_cost=5e-3).tree_size == 24
 
 
 def test_bench_command_writes_results(tiny_folder, tmp_path, capsys, monkeypatch):

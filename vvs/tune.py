@@ -2,9 +2,10 @@
 
 On a GPU a 60-node verification costs about as much as a 1-token step; on a CPU it costs several times more.
 The tuner therefore measures the backend's step costs (verify against the number of new positions, one drafter
-call), measures how many target and drafter forwards each candidate tree needs per image, and predicts seconds
-per image as ``verify forwards x verify cost + drafter forwards x drafter cost``. The skip interval is then
-chosen by measured wall-clock among the intervals whose quality stays within AR's seed-to-seed spread.
+call), measures how many target and drafter forwards and decoding cycles each candidate tree needs per image
+(with the most frequent skipping, interval 2), and predicts seconds per image as ``verify forwards x verify cost
++ drafter forwards x drafter cost + cycles x runtime cost per cycle``. The skip interval is then chosen by
+measured wall-clock among the intervals whose quality stays within AR's seed-to-seed spread.
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import torch
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
 
-TREE_CANDIDATES = [  # (tree_size, depth, draft_top_k)
-    (4, 2, 2), (6, 3, 2), (8, 3, 3), (12, 4, 3), (16, 4, 4), (24, 4, 5), (32, 5, 6), (48, 4, 8), (59, 4, 10),
+TREE_CANDIDATES = [  # (tree_size, depth, draft_top_k): from one-draft chains to EAGLE-2's published tree
+    (2, 0, 1), (3, 0, 2), (3, 1, 1), (4, 2, 1), (4, 2, 2), (6, 3, 2), (8, 3, 3), (12, 4, 3), (16, 4, 4), (24, 4, 5),
+    (32, 5, 6), (48, 4, 8), (59, 4, 10),
 ]
 SKIP_CANDIDATES = [2, 3, 4, 5, 8]
 
@@ -79,29 +81,36 @@ def interpolate(costs: dict[int, float], t: int) -> float:
     return costs[xs[-1]] * t / xs[-1]
 
 
-def choose_tree(verify_cost: dict[int, float], drafter_cost: float,
-                forwards: dict[tuple[int, int, int], tuple[float, float]], chain: int = 0) -> TreeChoice:
+def choose_tree(verify_cost: dict[int, float], drafter_cost: float, forwards: dict[tuple[int, int, int], tuple],
+                cycle_cost: float = 0.0) -> TreeChoice:
     """The candidate with the lowest predicted seconds per image. ``forwards[(tree, depth, k)]`` = measured
-    (target forwards, drafter forwards) per image; ``chain`` extra verify positions after a skip (VVS)."""
+    (target forwards, drafter forwards[, cycles]) per image; a verification after a skip also carries the
+    skipped chain (up to depth + 1 tokens)."""
     best = None
-    for (tree, depth, k), (target_fw, drafter_fw) in forwards.items():
-        seconds = target_fw * interpolate(verify_cost, tree + chain) + drafter_fw * drafter_cost
+    for (tree, depth, k), measured in forwards.items():
+        target_fw, drafter_fw = measured[:2]
+        cycles = measured[2] if len(measured) > 2 else target_fw
+        seconds = (target_fw * interpolate(verify_cost, tree + depth + 1) + drafter_fw * drafter_cost
+                   + cycles * cycle_cost)
         if best is None or seconds < best.predicted_seconds:
             best = TreeChoice(tree, depth, k, seconds)
     return best
 
 
 def measure_forwards(pipe: Pipeline, classes: torch.Tensor, base: dict, candidates=TREE_CANDIDATES, seed: int = 0):
-    """Target and drafter forwards per image for each candidate tree, on a few images."""
-    out = {}
+    """Per candidate tree, on a few images: (target forwards, drafter forwards, cycles) per image; and the
+    runtime's own seconds per cycle (time outside the graphs), median over candidates."""
+    out, per_cycle = {}, []
     for tree, depth, k in candidates:
         if k > pipe.engines.max_draft_top_k:
             continue
         g = pipe.generate(classes, seed=seed, decode_images=False, tree_size=tree, depth=depth, draft_top_k=k, **base)
         n = len(g.stats)
+        cycles = sum(len(s.trace) for s in g.stats)
         out[(tree, depth, k)] = (sum(s.target_forwards for s in g.stats) / n,
-                                 sum(s.drafter_forwards for s in g.stats) / n)
-    return out
+                                 sum(s.drafter_forwards for s in g.stats) / n, cycles / n)
+        per_cycle.append(sum(s.other_seconds for s in g.stats) / cycles)
+    return out, statistics.median(per_cycle)
 
 
 def tune(pipe: Pipeline, classes: list[int], seeds: int, instruments=None, log=print) -> DecodeOptions:
@@ -113,10 +122,10 @@ def tune(pipe: Pipeline, classes: list[int], seeds: int, instruments=None, log=p
     log("verify seconds by new positions: " + ", ".join(f"{t}: {c * 1e3:.2f} ms" for t, c in costs.items())
         + f"; drafter call: {draft_cost * 1e3:.2f} ms")
     base = {"mode": "vvs", "skip_policy": "uniform"}
-    forwards = measure_forwards(pipe, labels[: max(2, len(labels) // 4)], base)
-    tree = choose_tree(costs, draft_cost, forwards, chain=pipe.options.max_path_tokens)
-    log(f"tree: size {tree.tree_size}, depth {tree.depth}, top-k {tree.draft_top_k} "
-        f"(predicted {tree.predicted_seconds:.3f} s/image)")
+    forwards, cycle_cost = measure_forwards(pipe, labels[: max(2, len(labels) // 4)], {**base, "skip_interval": 2})
+    tree = choose_tree(costs, draft_cost, forwards, cycle_cost)
+    log(f"runtime cost per cycle: {cycle_cost * 1e3:.2f} ms; tree: size {tree.tree_size}, depth {tree.depth}, "
+        f"top-k {tree.draft_top_k} (predicted {tree.predicted_seconds:.3f} s/image)")
     chosen = {"tree_size": tree.tree_size, "depth": tree.depth, "draft_top_k": tree.draft_top_k}
     settings = [Setting("ar", {"mode": "ar"})] + [
         Setting(f"vvs[skip_interval={i}]", {**base, **chosen, "skip_interval": i}) for i in SKIP_CANDIDATES]
