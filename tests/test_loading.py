@@ -158,6 +158,42 @@ def test_config_mismatch_of_a_different_size(tiny_official):
     assert "c2i model with dim 64, 2 layers, vocab 256" in one_line(err)
 
 
+@torch.no_grad()
+def test_official_file_with_freqs_cis_loads(tmp_path):
+    """Some official files carry the RoPE table ``freqs_cis``; LlamaGen's own loaders ignore it."""
+    torch.manual_seed(0)
+    model = GPT(gpt_config("GPT-tiny")).eval()
+    path = tmp_path / "with_rope.pt"
+    torch.save({"model": {**model.state_dict(), "freqs_cis": torch.randn(17, 4, 2)}}, path)
+    loaded = load_gpt(path, model.config)
+    pos = torch.arange(1)[None]
+    assert torch.equal(loaded(condition=torch.tensor([3]), position_ids=pos, mask=causal_mask(1)).logits,
+                       model(condition=torch.tensor([3]), position_ids=pos, mask=causal_mask(1)).logits)
+
+
+def test_size_hint_only_when_the_sizes_differ(tiny_official, tmp_path):
+    model, _ = tiny_official
+    state = model.state_dict()
+    del state["layers.1.attention.wqkv.weight"]
+    path = tmp_path / "missing.pt"
+    torch.save({"model": state}, path)
+    with pytest.raises(CheckpointError) as err:
+        load_gpt(path, model.config)
+    assert "--config" not in one_line(err)
+
+
+def test_drafter_trained_for_another_kind_of_target_is_refused(tmp_path):
+    target = gpt_config("GPT-tiny")
+    cfg = DrafterConfig.for_target(target)
+    folder = tmp_path / "t2i_drafter"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**cfg.to_hf_json(), "input_type": "t2i"}))
+    save_file(Drafter(cfg, target).state_dict(), folder / "model.safetensors")
+    with pytest.raises(CheckpointError) as err:
+        load_drafter(folder, target)
+    assert "trained for a t2i target (input_type) but the target is c2i" in one_line(err)
+
+
 def test_vvs_file_config_mismatch(tmp_path):
     path = save_model(GPT(gpt_config("GPT-tiny")), tmp_path / "t.safetensors", "gpt")
     with pytest.raises(CheckpointError) as err:

@@ -7,7 +7,7 @@ from scipy.stats import chi2
 from vvs.runtime.decode import Decoding, decode_speculative
 from vvs.runtime.options import OptionsError
 from vvs.runtime.pipeline import Pipeline
-from vvs.runtime.sampling import cfg_matrix, mix
+from vvs.runtime.sampling import Processor, cfg_matrix, mix
 
 @pytest.fixture(scope="module")
 def pipe(pipeline_factory):
@@ -38,16 +38,17 @@ def test_greedy_sd_equals_ar_for_text_conditioning(pipeline_factory):
     assert torch.equal(ar.tokens, sd.tokens)
 
 
-def chi_square_excess(pipe: Pipeline, gen, cfg_scale: float, temperature: float) -> float:
+def chi_square_excess(pipe: Pipeline, gen, cfg_scale: float, temperature: float, top_k: int = 0,
+                      top_p: float = 1.0) -> float:
     """Largest ratio, over positions, of Pearson's statistic to its 99.99% quantile, with every position's
-    token counts tested against the target's exact conditionals given the sampled prefixes."""
+    token counts tested against the target's exact (filtered) conditionals given the sampled prefixes."""
     target = pipe.engines.graphs["target_verify"].module.target
     n = len(gen.tokens)
     labels = torch.full((n,), 2)
     with torch.no_grad():
         out = target.teacher_forced(torch.cat([labels, target.null_condition(n)]),
                                     torch.cat([gen.tokens[:, :-1], gen.tokens[:, :-1]]))
-    probs = torch.softmax(mix(cfg_matrix(n, cfg_scale), out.logits) / temperature, dim=-1)  # [n, N, V]
+    probs = Processor(temperature, top_k, top_p).probs(mix(cfg_matrix(n, cfg_scale), out.logits))  # [n, N, V]
     worst = 0.0
     for pos in range(gen.tokens.shape[1]):
         expected = probs[:, pos].sum(0)
@@ -109,7 +110,7 @@ def test_dynamic_skip_never_twice_in_a_row(pipe):
 def test_kv_cache_after_decoding_equals_plain_decoding(pipe, mode, options):
     opts = pipe.options.updated(mode=mode, temperature=1.0, cfg_scale=2.0, **options)
     classes = torch.tensor([2, 6])
-    d = Decoding(pipe.engines, classes, opts, seed=3)
+    d = Decoding(pipe.engines, classes, opts, seeds=[3, 4])
     decode_speculative(d)
     target = pipe.engines.graphs["target_verify"].module.target
     c = target.config.cls_token_num

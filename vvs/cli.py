@@ -102,7 +102,7 @@ decoding_options = [
     click.option("--temperature", type=float, default=None, help="Sampling temperature; 0 means greedy."),
     click.option("--top-k", type=int, default=None, help="Keep the k most likely tokens (0: all)."),
     click.option("--top-p", type=float, default=None, help="Nucleus sampling mass in (0, 1]."),
-    click.option("--cfg", "cfg_scale", type=float, default=None, help="Classifier-free guidance scale (1: off)."),
+    click.option("--cfg", "cfg_scale", type=float, default=None, help="Classifier-free guidance scale; guidance applies only above 1 (as in LlamaGen)."),
     click.option("--tree-size", type=int, default=None, help="Draft-tree nodes verified per step, root included."),
     click.option("--depth", type=int, default=None, help="Tree expansion rounds (paths hold up to depth + 1 drafts)."),
     click.option("--draft-top-k", type=int, default=None, help="Children per expanded node."),
@@ -139,6 +139,19 @@ def resolve_classes(values: tuple[str, ...], names: list[str] | None, num_classe
     return [ids[i % len(ids)] for i in range(max(count, len(ids)))]
 
 
+def resolve_seeds(text: str, count: int) -> list[int]:
+    """``--seed S`` (image i gets S + i) or ``--seed S1,S2,...`` (one per image)."""
+    from vvs.runtime.random import image_seeds
+
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise VVSError(f"option --seed {text!r}: give a non-negative integer, or one per image separated by commas")
+    try:
+        return image_seeds(int(parts[0]) if len(parts) == 1 else [int(p) for p in parts], count)
+    except VVSError as err:
+        raise VVSError(f"option --{err}") from None
+
+
 @click.command(help="Generate images from an engine folder and report decoding statistics. Modes: ar (vanilla), "
                     "sd (EAGLE-2 speculative decoding), lantern (relaxed acceptance), vvs (verification skipping). "
                     "Defaults come from the folder's manifest.")
@@ -151,7 +164,9 @@ def resolve_classes(values: tuple[str, ...], names: list[str] | None, num_classe
 @click.option("--class", "classes", multiple=True, help="Class id or name; repeatable. Default: 0, 1, 2, ...")
 @click.option("--num-images", type=click.IntRange(1), default=None, help="Images per mode (default: one per --class, or 4).")
 @click.option("--batch-size", type=click.IntRange(1), default=8, show_default=True, help="Images decoded together.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", default="0", show_default=True,
+              help="S: image i gets seed S + i; or S1,S2,... one seed per image. An image depends only on its class, "
+                   "seed and options, never on the images decoded beside it.")
 @with_decoding_options
 @click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads for the backend.")
 @click.option("--out", type=click.Path(file_okay=False), default="outputs", show_default=True,
@@ -176,13 +191,14 @@ def run_cmd(engine_dir, backend, device, modes, classes, num_images, batch_size,
                        "for text-conditional models")
     labels = resolve_classes(classes, manifest["model"].get("classes"), target.num_classes,
                              num_images or (len(classes) or 4))
+    seeds = resolve_seeds(seed, len(labels))
     names = manifest["model"].get("classes")
     for mode in modes or (pipe.options.mode,):
         pipe.options.updated(mode=mode, **overrides)  # validate before any work
         results = []
         for start in range(0, len(labels), batch_size):
             chunk = torch_tensor(labels[start : start + batch_size])
-            results.append(pipe.generate(chunk, mode=mode, seed=seed + start, **overrides))
+            results.append(pipe.generate(chunk, mode=mode, seed=seeds[start : start + batch_size], **overrides))
         writer.add(mode, labels, results, names)
     writer.finish(engines.backend)
 

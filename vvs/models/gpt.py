@@ -255,9 +255,11 @@ def causal_mask(length: int, device=None) -> torch.Tensor:
 
 def caption_causal_mask(caption_mask: torch.Tensor, length: int) -> torch.Tensor:
     """Bool ``[B, 1, length, length]`` causal mask over ``[caption slots ‖ image tokens]`` for a left-padded
-    caption (``caption_mask [B, C]``, True = valid). Valid positions never see padded slots; a padded slot sees
-    the slots up to itself, as in LlamaGen's HF port (its rows become drafter features, so this matters)."""
+    caption (``caption_mask [B, C]``, True = valid), as LlamaGen's own ``generate`` builds it: no position sees a
+    padded slot, except that every position sees itself. (A padded slot's row becomes a drafter feature, so this
+    matters; LlamaGen's HF port lets a padded slot see the padded slots before it, and differs there.)"""
     b, c = caption_mask.shape
     valid = torch.cat([caption_mask, caption_mask.new_ones(b, length - c)], dim=1)
     causal = torch.ones(length, length, dtype=torch.bool, device=caption_mask.device).tril()
-    return (causal & (valid[:, None, :] | ~valid[:, :, None])).unsqueeze(1)
+    eye = torch.eye(length, dtype=torch.bool, device=caption_mask.device)
+    return ((causal & valid[:, None, :]) | eye).unsqueeze(1)

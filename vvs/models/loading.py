@@ -124,6 +124,8 @@ def _gpt_hint(state: dict[str, torch.Tensor], config: GPTConfig) -> str:
         return "is this a LlamaGen GPT checkpoint?"
     layers = len({k.split(".")[1] for k in state if k.startswith("layers.")})
     kind = "c2i" if "cls_embedding.embedding_table.weight" in state else "t2i"
+    if (kind, emb.shape[1], layers, emb.shape[0]) == (config.model_type, config.dim, config.n_layer, config.vocab_size):
+        return ""  # the sizes agree: another --config would not help
     return (
         f"the file holds a {kind} model with dim {emb.shape[1]}, {layers} layers, vocab {emb.shape[0]}; the config "
         f"expects {config.model_type} dim {config.dim}, {config.n_layer} layers, vocab {config.vocab_size} "
@@ -153,6 +155,9 @@ def load_gpt(path, config: GPTConfig | None = None, *, ema: bool = False) -> GPT
         config = stored_cfg
     if config is None:
         raise CheckpointError(path, "an official checkpoint carries no config: pass --config (e.g. GPT-XL)")
+    # LlamaGen keeps its RoPE table as a buffer that some official files carry (its loaders use strict=False,
+    # its serving code drops it); vvs computes the table from the config
+    state.pop("freqs_cis", None)
     model = GPT(config)
     load_state(model, state, path, _gpt_hint(state, config))
     return model.eval()
@@ -183,9 +188,14 @@ def load_drafter(path, target: GPTConfig) -> Drafter:
         if not cfg_file.is_file():
             raise CheckpointError(path, "drafter folder has no config.json")
         try:
-            config = DrafterConfig.from_hf_json(json.loads(cfg_file.read_text()))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+            hf = json.loads(cfg_file.read_text())
+            config = DrafterConfig.from_hf_json(hf)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
             raise CheckpointError(cfg_file, f"not a usable drafter config: {err}") from None
+        trained_for = hf.get("input_type")  # LANTERN records which kind of target the drafter was trained on
+        if trained_for is not None and trained_for != target.model_type:
+            raise CheckpointError(cfg_file, f"the drafter was trained for a {trained_for} target (input_type) but the "
+                                            f"target is {target.model_type}; pass the drafter trained for this target")
         weights = next((path / n for n in ("model.safetensors", "pytorch_model.bin") if (path / n).is_file()), None)
         if weights is None:
             raise CheckpointError(path, "drafter folder has neither model.safetensors nor pytorch_model.bin")

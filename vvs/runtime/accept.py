@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vvs.runtime.random import inverse_cdf
 from vvs.runtime.tree import DraftTree
 
 
@@ -68,8 +69,10 @@ def greedy_accept(tree: DraftTree, logits: torch.Tensor, relax: Relaxation | Non
 
 
 def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None, max_children: int,
-                  gen: torch.Generator | None) -> Accepted:
-    """``probs [n, T, V]``: the processed target distribution at every node."""
+                  u: torch.Tensor) -> Accepted:
+    """``probs [n, T, V]``: the processed target distribution at every node. ``u [n, >= accept_draws(...)]``:
+    each image's uniforms, read by position — column 0 draws the bonus token, column ``1 + l * max_children + j``
+    decides the j-th child tried at depth l — so an image consumes the same values whatever its batch holds."""
     n, _, _ = probs.shape
     dev = probs.device
     img = torch.arange(n, device=dev)
@@ -81,7 +84,7 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None
     path = torch.full((n, max_depth + 1), -1, dtype=torch.long, device=dev)
     path[:, 0] = 0
     length = torch.ones(n, dtype=torch.long, device=dev)
-    for _ in range(max_depth):
+    for level in range(max_depth):
         moved = torch.zeros(n, dtype=torch.bool, device=dev)
         kids = children[img, node]  # [n, width]
         for j in range(kids.shape[1]):
@@ -92,8 +95,7 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None
             x = tree.tokens[img, child.clamp(min=0)]
             px = p.gather(1, x[:, None]).squeeze(1)
             extra, lent = relax.lend(p, x) if relax is not None else (torch.zeros_like(px), None)
-            u = torch.rand(n, generator=gen, device=dev)
-            accept = trying & (u <= px + extra)
+            accept = trying & (u[:, 1 + level * kids.shape[1] + j] < px + extra)
             reject = trying & ~accept
             if reject.any():
                 drop = torch.zeros_like(p, dtype=torch.bool).scatter(1, x[:, None], True)
@@ -112,5 +114,10 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None
         walking &= moved
         if not walking.any():
             break
-    bonus = torch.multinomial(p, 1, generator=gen).squeeze(1)
+    bonus = inverse_cdf(p, u[:, 0])
     return Accepted(path, length, bonus)
+
+
+def accept_draws(max_depth: int, max_children: int) -> int:
+    """Uniforms :func:`sample_accept` reads per image for trees up to ``max_depth`` drafts deep."""
+    return 1 + max_depth * max_children

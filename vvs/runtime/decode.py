@@ -17,9 +17,10 @@ import torch
 
 from vvs.engines.base import EngineSet
 from vvs.models.gpt import caption_causal_mask, causal_mask
-from vvs.runtime.accept import Relaxation, greedy_accept, sample_accept
+from vvs.runtime.accept import Relaxation, accept_draws, greedy_accept, sample_accept
 from vvs.runtime.cache import FeatureCache, KVCache, RowLayout, attention_mask, causal_within
 from vvs.runtime.options import DecodeOptions, OptionsError
+from vvs.runtime.random import ImageRandom
 from vvs.runtime.sampling import Processor, cfg_matrix, sample
 from vvs.runtime.skip import decide_skip, select_unverified
 from vvs.runtime.stats import ImageStats, Stopwatch
@@ -29,16 +30,16 @@ from vvs.runtime.tree import DraftTree, TreeDrafter
 class Decoding:
     """State of one batch: caches, committed tokens, statistics."""
 
-    def __init__(self, engines: EngineSet, conditions: torch.Tensor, opts: DecodeOptions, seed: int,
+    def __init__(self, engines: EngineSet, conditions: torch.Tensor, opts: DecodeOptions, seeds: list[int],
                  caption_mask: torch.Tensor | None = None):
         cfg = engines.target
         self.engines, self.opts, self.cfg = engines, opts, cfg
         self.dev = engines.device
         self.n = conditions.shape[0]
-        self.layout = RowLayout(self.n, guided=opts.cfg_scale != 1.0)
+        self.layout = RowLayout(self.n, guided=opts.guided)
         self.cfg_mix = cfg_matrix(self.n, opts.cfg_scale, device=self.dev)
         self.proc = Processor(opts.temperature, opts.top_k, opts.top_p, device=self.dev)
-        self.gen = torch.Generator(device=self.dev).manual_seed(seed)
+        self.random = ImageRandom(seeds, self.dev)
         self.conditions = conditions.to(self.dev)
         self.C, self.N = cfg.cls_token_num, cfg.num_image_tokens
         self.slack = 2 * opts.max_path_tokens  # room for a chain and a path committed past the last token
@@ -54,6 +55,7 @@ class Decoding:
         self.stats = [ImageStats(prefill_forwards=1, target_forwards=1) for _ in range(self.n)]
         self.clock = Stopwatch(self.dev)
         self.arange = torch.arange(self.n, device=self.dev)
+        self.subset_kv: dict[int, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ shared steps
 
@@ -65,8 +67,8 @@ class Decoding:
         return self.cfg.max_positions - 1
 
     def prefill_mask(self) -> torch.Tensor:
-        """Causal over the condition slots. With a left-padded caption, valid slots do not see padded ones and a
-        padded slot sees the slots up to itself (LlamaGen's HF port; those rows become drafter features)."""
+        """Causal over the condition slots; with a left-padded caption, padded slots are seen by no other slot
+        (LlamaGen's ``generate``, see :func:`caption_causal_mask`)."""
         if self.caption_mask is None:
             return causal_mask(self.C, self.dev).expand(self.layout.rows, -1, -1, -1)
         return self.layout.expand(caption_causal_mask(self.caption_mask, self.C))  # uncond rows reuse the cond mask
@@ -80,7 +82,7 @@ class Decoding:
         self.clock.section("other")
         c = torch.arange(self.C, device=self.dev)
         self.kv.commit(out["new_kv"], c.expand(self.n, -1), torch.full((self.n,), self.C, device=self.dev))
-        self.root = sample(self.proc.probs(out["logits"]), self.proc.greedy, self.gen)
+        self.root = sample(self.proc.probs(out["logits"]), self.proc.greedy, self.random.uniform(1)[:, 0])
         return out
 
     def null_condition(self) -> torch.Tensor:
@@ -88,17 +90,46 @@ class Decoding:
             return torch.full((self.n,), self.cfg.null_class, dtype=torch.long, device=self.dev)
         return self.engines.null_condition.to(self.dev, self.engines.dtype).expand(self.n, -1, -1)
 
-    def verify(self, new_ids: torch.Tensor, positions: torch.Tensor, new_visible: torch.Tensor):
-        """One target forward over ``new_ids [n, T]`` at ``positions [n, T]`` with visibility ``[n, T, T]``."""
+    def verify(self, new_ids: torch.Tensor, positions: torch.Tensor, new_visible: torch.Tensor,
+               images: torch.Tensor | None = None):
+        """One target forward over ``new_ids [n, T]`` at ``positions [n, T]`` with visibility ``[n, T, T]``.
+
+        Only ``images`` (indices; all when None) take part, so an image that skips its verification costs no
+        target compute; the outputs still cover the whole batch, zero for the images left out."""
         self.clock.section("verify")
         t = new_ids.shape[1]
-        out = self.engines.graphs["target_verify"].run(
-            input_ids=self.layout.expand(new_ids),
-            position_ids=self.layout.expand(positions.clamp(max=self.max_position())),
-            attn_mask=attention_mask(self.layout, self.kv.prefix_visible(t), new_visible),
-            past_kv=self.kv.kv, cfg_mix=self.cfg_mix)
+        positions = positions.clamp(max=self.max_position())
+        past = self.kv.prefix_visible(t)
+        if images is None or images.numel() == self.n:
+            out = self.engines.graphs["target_verify"].run(
+                input_ids=self.layout.expand(new_ids), position_ids=self.layout.expand(positions),
+                attn_mask=attention_mask(self.layout, past, new_visible), past_kv=self.kv.kv, cfg_mix=self.cfg_mix)
+        else:
+            out = self._verify_subset(images, new_ids, positions, past, new_visible)
         self.clock.section("other")
         return out
+
+    def _verify_subset(self, images, new_ids, positions, past, new_visible) -> dict[str, torch.Tensor]:
+        m = images.numel()
+        sub = RowLayout(m, guided=self.layout.groups == 2)
+        rows = self.layout.row_ids(images)
+        kv = self.subset_kv.get(m)
+        if kv is None:  # one buffer per subset size keeps addresses fixed (CUDA graphs, TensorRT)
+            shape = list(self.kv.kv.shape)
+            shape[2] = sub.rows
+            kv = self.subset_kv[m] = self.engines.cache_buffer(f"target_kv_subset{m}", tuple(shape))
+        torch.index_select(self.kv.kv, 2, rows, out=kv)
+        out = self.engines.graphs["target_verify"].run(
+            input_ids=sub.expand(new_ids[images]), position_ids=sub.expand(positions[images]),
+            attn_mask=attention_mask(sub, past[images], new_visible[images]), past_kv=kv,
+            cfg_mix=cfg_matrix(m, self.opts.cfg_scale, device=self.dev))
+        logits = out["logits"].new_zeros(self.n, *out["logits"].shape[1:])
+        logits[images] = out["logits"]
+        hidden = out["hidden"].new_zeros(self.layout.rows, *out["hidden"].shape[1:])
+        hidden[rows] = out["hidden"]
+        new_kv = out["new_kv"].new_zeros(*out["new_kv"].shape[:2], self.layout.rows, *out["new_kv"].shape[3:])
+        new_kv[:, :, rows] = out["new_kv"]
+        return {"logits": logits, "hidden": hidden, "new_kv": new_kv}
 
     def append_tokens(self, values: torch.Tensor, count: torch.Tensor) -> None:
         """Commit ``values[i, :count[i]]`` after image i's tokens."""
@@ -130,7 +161,7 @@ def decode_ar(d: Decoding) -> tuple[torch.Tensor, list[ImageStats]]:
         d.kv.commit(out["new_kv"], torch.zeros(d.n, 1, dtype=torch.long, device=d.dev), step)
         before = d.count.clone()
         d.append_tokens(d.root[:, None], step)
-        nxt = sample(d.proc.probs(out["logits"][:, 0]), d.proc.greedy, d.gen)
+        nxt = sample(d.proc.probs(out["logits"][:, 0]), d.proc.greedy, d.random.uniform(1)[:, 0])
         d.root = torch.where(active, nxt, d.root)
         for i in active.nonzero().flatten().tolist():
             d.stats[i].target_forwards += 1
@@ -163,6 +194,7 @@ class Speculation:
         self.chain_len = torch.zeros(n, dtype=torch.long, device=dev)
         self.last_skipped = torch.zeros(n, dtype=torch.bool, device=dev)
         self.cycle = torch.zeros(n, dtype=torch.long, device=dev)
+        self.accept_draws = accept_draws(opts.depth + 1, opts.draft_top_k)
 
         pre = d.prefill()
         self.features.append(pre["hidden"], torch.arange(d.C, device=dev).expand(n, -1),
@@ -190,10 +222,11 @@ class Speculation:
             return torch.zeros_like(active)
         return active & decide_skip(self.opts, tree, self.cycle, self.d.count, self.last_skipped, self.d.engines.codebook)
 
-    def verify(self, tree: DraftTree, verifying: torch.Tensor, nxt: "NextFeed") -> None:
-        """One target forward over the pending chain ‖ the tree; commit the chain and the accepted path."""
+    def verify(self, tree: DraftTree, verifying: torch.Tensor, nxt: "NextFeed", u: torch.Tensor) -> None:
+        """One target forward over the pending chain ‖ the tree of the verifying images; commit the chain and the
+        accepted path."""
         d, n, dev = self.d, self.n, self.dev
-        a_max = int(self.chain_len.max())
+        a_max = int(torch.where(verifying, self.chain_len, 0).max())
         j = torch.arange(a_max, device=dev)
         in_chain = j[None, :] < self.chain_len[:, None]
         t = tree.size
@@ -203,12 +236,13 @@ class Speculation:
         visible[:, a_max:, a_max:] = tree.ancestors
         root_pos = d.C + d.count
         out = d.verify(torch.cat([self.chain[:, :a_max], tree.tokens], 1),
-                       torch.cat([d.kv.length[:, None] + j, root_pos[:, None] + tree.depth], 1), visible)
+                       torch.cat([d.kv.length[:, None] + j, root_pos[:, None] + tree.depth], 1), visible,
+                       images=verifying.nonzero().flatten())
         logits = out["logits"][:, a_max:]
         if d.proc.greedy:
             acc = greedy_accept(tree, logits, self.relax)
         else:
-            acc = sample_accept(tree, d.proc.probs(logits), self.relax, self.opts.draft_top_k, d.gen)
+            acc = sample_accept(tree, d.proc.probs(logits), self.relax, self.opts.draft_top_k, u)
         length = torch.where(verifying, acc.length, 0)
         # target rows to keep, in order: the chain, then the accepted path
         keep = _compact(torch.cat([j.expand(n, -1), a_max + acc.nodes.clamp(min=0)], 1),
@@ -231,10 +265,10 @@ class Speculation:
             d.stats[i].accept_lengths.append(int(length[i]))
             d.stats[i].trace.append(["verify", int(before[i]), int(length[i])])
 
-    def accept_unverified(self, tree: DraftTree, skipping: torch.Tensor, nxt: "NextFeed") -> None:
+    def accept_unverified(self, tree: DraftTree, skipping: torch.Tensor, nxt: "NextFeed", u: torch.Tensor) -> None:
         """Commit a random drafted path, truncated, without a target forward; it is verified next cycle."""
         d = self.d
-        path, a, root = select_unverified(tree, self.width, d.gen)
+        path, a, root = select_unverified(tree, self.width, u)
         a = torch.where(skipping, a, 0)
         before = d.count.clone()
         d.append_tokens(path, a)
@@ -280,13 +314,14 @@ class NextFeed:
 def decode_speculative(d: Decoding) -> tuple[torch.Tensor, list[ImageStats]]:
     s = Speculation(d)
     while (active := d.active).any():
+        u = d.random.uniform(s.accept_draws + 1)  # every image's draws for this cycle, whatever it does
         tree = s.draft(active)
         skip = s.decide_skip(tree, active)
         nxt = NextFeed(s)
         if (active & ~skip).any():
-            s.verify(tree, active & ~skip, nxt)
+            s.verify(tree, active & ~skip, nxt, u[:, : s.accept_draws])
         if skip.any():
-            s.accept_unverified(tree, skip, nxt)
+            s.accept_unverified(tree, skip, nxt, u[:, s.accept_draws])
         s.advance(nxt, active, skip)
     return d.finish()
 
@@ -297,9 +332,9 @@ def _compact(index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid.gather(1, order), index.gather(1, order), 0)
 
 
-def generate_tokens(engines: EngineSet, conditions: torch.Tensor, opts: DecodeOptions, seed: int,
+def generate_tokens(engines: EngineSet, conditions: torch.Tensor, opts: DecodeOptions, seeds: list[int],
                     caption_mask: torch.Tensor | None = None):
     """Decode one batch. ``conditions``: class ids ``[n]`` or left-padded captions ``[n, C, caption_dim]`` with
-    ``caption_mask [n, C]`` (True = valid). Returns ``(tokens [n, N], [ImageStats] * n)``."""
-    d = Decoding(engines, conditions, opts, seed, caption_mask)
+    ``caption_mask [n, C]`` (True = valid); ``seeds``: one per image. Returns ``(tokens [n, N], [ImageStats] * n)``."""
+    d = Decoding(engines, conditions, opts, seeds, caption_mask)
     return decode_ar(d) if opts.mode == "ar" else decode_speculative(d)

@@ -24,7 +24,7 @@ class DecodeOptions:
     temperature: float = 1.0  # 0 = greedy
     top_k: int = 1000  # 0 = no top-k filter
     top_p: float = 1.0
-    cfg_scale: float = 7.5  # 1.0 disables guidance (and its unconditional half)
+    cfg_scale: float = 7.5  # guidance only above 1 (as LlamaGen): <= 1 runs without the unconditional half
     # EAGLE-2 dynamic draft tree
     tree_size: int = 59  # nodes verified per step, root included
     depth: int = 4  # expansion rounds after the first top-k; drafted paths hold up to depth + 1 tokens
@@ -55,7 +55,7 @@ class DecodeOptions:
         if not 0 < self.top_p <= 1:
             bad("top_p", "must be in (0, 1]")
         if self.cfg_scale < 0:
-            bad("cfg_scale", "must be >= 0 (1 disables classifier-free guidance)")
+            bad("cfg_scale", "must be >= 0 (1 or less disables classifier-free guidance)")
         if self.tree_size < 2:
             bad("tree_size", "must be >= 2 (the root plus at least one drafted token)")
         if self.depth < 0:
@@ -77,6 +77,10 @@ class DecodeOptions:
             bad("sim_decay", "must be in (0, 1]")
         if self.skip_warmup_tokens < 0:
             bad("skip_warmup_tokens", "must be >= 0")
+
+    @property
+    def guided(self) -> bool:
+        return self.cfg_scale > 1.0
 
     @property
     def greedy(self) -> bool:

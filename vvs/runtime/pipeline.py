@@ -9,6 +9,7 @@ import torch
 from vvs.engines.base import EngineSet
 from vvs.runtime.decode import generate_tokens
 from vvs.runtime.options import DecodeOptions, OptionsError
+from vvs.runtime.random import image_seeds
 from vvs.runtime.stats import ImageStats, aggregate
 
 
@@ -39,6 +40,8 @@ class Pipeline:
         cfg = self.engines.target
         if cfg.model_type == "c2i":
             conditions = torch.as_tensor(conditions, dtype=torch.long).reshape(-1)
+            if conditions.numel() == 0:
+                raise OptionsError("conditions: no class ids given; pass at least one")
             bad = conditions[(conditions < 0) | (conditions >= cfg.num_classes)]
             if bad.numel():
                 raise OptionsError(f"class id {int(bad[0])} is out of range: the model has {cfg.num_classes} "
@@ -52,13 +55,18 @@ class Pipeline:
             raise OptionsError("text-conditional generation needs caption_mask [n, C] (True for valid slots)")
         return conditions
 
-    def generate(self, conditions, mode: str | None = None, seed: int = 0, *, caption_mask=None,
+    def generate(self, conditions, mode: str | None = None, seed: int | list[int] = 0, *, caption_mask=None,
                  decode_images: bool = True, **options) -> Generation:
         """Generate one image per condition (class ids ``[n]``, or left-padded caption embeddings
-        ``[n, C, caption_dim]`` with ``caption_mask``). Options override the pipeline's defaults."""
+        ``[n, C, caption_dim]`` with ``caption_mask``). Options override the pipeline's defaults.
+
+        ``seed``: an int (image i gets ``seed + i``) or one per image. An image depends only on its condition, its
+        seed and the options, never on the other images of the call: ``generate([a, b], seed=7)`` gives image
+        ``b`` exactly as ``generate([b], seed=8)`` does."""
         opts = self.options.updated(**({"mode": mode} if mode else {}), **options)
         conditions = self.check_conditions(conditions, caption_mask)
-        tokens, stats = generate_tokens(self.engines, conditions, opts, seed, caption_mask)
+        seeds = image_seeds(seed, len(conditions))
+        tokens, stats = generate_tokens(self.engines, conditions, opts, seeds, caption_mask)
         images, seconds = None, 0.0
         if decode_images:
             images, seconds = self.decode(tokens)

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import torch
 
+from vvs.runtime.random import inverse_cdf
+
 
 def cfg_matrix(num_images: int, scale: float, dtype=torch.float32, device=None) -> torch.Tensor:
-    """``[n, 2n]`` guidance mix for rows ``[cond; uncond]``; ``[n, n]`` identity when ``scale == 1``."""
+    """``[n, 2n]`` guidance mix for rows ``[cond; uncond]``; ``[n, n]`` identity when ``scale <= 1`` (LlamaGen
+    guides only above 1)."""
     eye = torch.eye(num_images, dtype=dtype, device=device)
-    if scale == 1.0:
+    if scale <= 1.0:
         return eye
     return torch.cat([scale * eye, (1.0 - scale) * eye], dim=1)
 
@@ -66,8 +69,8 @@ class Processor:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 
 
-def sample(probs: torch.Tensor, greedy: bool, gen: torch.Generator | None) -> torch.Tensor:
-    """One token per row of ``probs [n, V]``."""
+def sample(probs: torch.Tensor, greedy: bool, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs [n, V]``, drawn with the row's uniform ``u [n]`` (argmax when greedy)."""
     if greedy:
         return probs.argmax(-1)
-    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+    return inverse_cdf(probs, u)

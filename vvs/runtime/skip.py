@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from vvs.runtime.options import DecodeOptions
+from vvs.runtime.random import inverse_cdf
 from vvs.runtime.tree import DraftTree
 
 
@@ -23,21 +24,24 @@ def uniform_due(cycle: torch.Tensor, interval: int) -> torch.Tensor:
 
 
 def path_similarity(tree: DraftTree, codebook: torch.Tensor, decay: float) -> torch.Tensor:
-    """``[n]`` mean pairwise depth-weighted cosine similarity of the drafted root-to-leaf paths."""
+    """``[n]`` mean pairwise depth-weighted cosine similarity of the drafted root-to-leaf paths.
+
+    Depth weights are normalised over each image's own longest path (``w_l = decay**l / sum_{l < L_i}``), so an
+    image's value never depends on the other trees of its batch."""
     n, t = tree.tokens.shape
     leaf = tree.is_leaf()
-    max_len = int(tree.depth.max())
-    # per leaf, its path without the root, by depth: node at depth d sits in column d - 1
+    depth_cols = tree.size - 1  # deeper than any path can be
+    # per leaf, its path without the root, by depth: the node at depth d sits in column d - 1
     on_path = tree.ancestors & (tree.depth[:, None, :] > 0)  # [n, leaf, node]
-    col = (tree.depth - 1).clamp(min=0)
-    vec = torch.nn.functional.normalize(codebook[tree.tokens].float(), dim=-1)  # [n, T, e]
-    paths = torch.zeros(n, t, max_len, vec.shape[-1], device=vec.device)
-    a, leaf_i, node = on_path.nonzero(as_tuple=True)
-    paths[a, leaf_i, col[a, node]] = vec[a, node]
-    weights = decay ** torch.arange(max_len, dtype=torch.float32, device=vec.device)
-    weights = weights / weights.sum()
-    cos = torch.einsum("nild,njld->nijl", paths, paths)  # zero where either path has no token at that depth
-    sim = (cos * weights).sum(-1)  # [n, T, T]
+    col = torch.nn.functional.one_hot((tree.depth - 1).clamp(min=0), depth_cols).to(torch.float32)  # [n, node, l]
+    vec = torch.nn.functional.normalize(codebook[tree.tokens].float(), dim=-1)  # [n, node, e]
+    paths = torch.einsum("nij,njl,nje->nile", on_path.float(), col, vec)  # [n, leaf, l, e], zero past a path's end
+    longest = (tree.depth * leaf).amax(1)  # [n]
+    levels = torch.arange(depth_cols, device=vec.device)
+    weights = (decay ** levels.float())[None, :] * (levels[None, :] < longest[:, None])
+    weights = weights / weights.sum(1, keepdim=True).clamp_min(1e-30)  # [n, l]
+    cos = torch.einsum("nile,njle->nijl", paths, paths)  # zero where either path has no token at that depth
+    sim = torch.einsum("nijl,nl->nij", cos, weights)
     pair = leaf[:, :, None] & leaf[:, None, :] & torch.ones(t, t, dtype=torch.bool, device=vec.device).triu(1)
     count = pair.sum((1, 2))
     return torch.where(count > 0, (sim * pair).sum((1, 2)) / count.clamp(min=1), 0.0)
@@ -51,14 +55,15 @@ def decide_skip(opts: DecodeOptions, tree: DraftTree, cycle, tokens_done, last_s
     return allowed & (path_similarity(tree, codebook, opts.sim_decay) >= opts.sim_threshold)
 
 
-def select_unverified(tree: DraftTree, width: int, gen: torch.Generator | None):
-    """Pick a random leaf path and truncate it. Returns ``(path [n, width], a [n], next_root [n])``: ``path`` holds
-    the picked path's tokens (root first), ``path[i, :a[i]]`` are committed without verification."""
+def select_unverified(tree: DraftTree, width: int, u: torch.Tensor):
+    """Pick a random leaf path (``u [n]``: one uniform in (0, 1] per image) and truncate it. Returns
+    ``(path [n, width], a [n], next_root [n])``: ``path`` holds the picked path's tokens (root first),
+    ``path[i, :a[i]]`` are committed without verification."""
     n = tree.tokens.shape[0]
     img = torch.arange(n, device=tree.tokens.device)
     leaf = tree.is_leaf()
     mean_nodes = ((tree.depth + 1) * leaf).sum(1) // leaf.sum(1)  # floor(mean path length, root included)
-    pick = torch.multinomial(leaf.float(), 1, generator=gen).squeeze(1)
+    pick = inverse_cdf(leaf.float(), u)
     a = torch.minimum(tree.depth[img, pick], mean_nodes - 1)
     nodes = tree.path_nodes(pick, width)
     tokens = tree.tokens.gather(1, nodes.clamp(min=0))

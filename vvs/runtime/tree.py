@@ -145,10 +145,13 @@ class TreeDrafter:
 
 
 def select_tree(root, tokens, scores, parent, depth, tree_size: int, max_depth: int) -> DraftTree:
-    """Keep the ``tree_size - 1`` best proposals (ties go to the shallower node, so a kept node's parent is always
-    kept) in proposal order, and index parents within the tree."""
-    key = scores.double() - 1e-9 * depth.double()
-    chosen = key.topk(tree_size - 1, dim=-1).indices.sort(dim=-1).values  # [n, T-1] pool indices, ascending
+    """Keep the ``tree_size - 1`` best proposals in proposal order, and index parents within the tree.
+
+    A child's score is its parent's plus a log-probability (<= 0), and a parent is proposed before its children,
+    so a stable descending sort ranks every parent ahead of its children — also among equal scores, including the
+    ``-inf`` of candidates the sampling filter removed. Every kept node's parent is therefore kept."""
+    chosen = scores.sort(dim=-1, descending=True, stable=True).indices[:, : tree_size - 1]
+    chosen = chosen.sort(dim=-1).values  # [n, T-1] pool indices, ascending: parents precede children
     node_parent_pool = parent.gather(1, chosen)
     parent_node = torch.searchsorted(chosen, node_parent_pool.clamp(min=0)) + 1
     parent_node = torch.where(node_parent_pool < 0, 0, parent_node)
