@@ -2,10 +2,11 @@
 
 Usage: python bench/batch_skips.py --engine engines [--batches 1,4,8] [--images 8] [--modes ar,vvs] [--threads 2]
 
-Decodes the same ``--images`` classes and seeds at each batch size (images are batch-invariant, so every
-batch size produces the same tokens) and reports, per image: target row-forwards (the verify forwards its rows
-took part in), the batch's verify calls (what each image would cost if skipping images rode along, as before
-verify forwards ran only over the verifying images), TPF and seconds.
+Decodes the same ``--images`` classes and seeds at each batch size and reports, per image: target row-forwards
+(the verify forwards its rows took part in), the batch's verify calls (what each image would cost if skipping
+images rode along, as before verify forwards ran only over the verifying images), TPF, seconds, and how many
+images differ from the batch-1 tokens (randomness and decisions are per image, so only floating-point differences
+between kernels at different batch sizes can make them differ).
 """
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ def main():
     engines.graphs["target_verify"] = counter
     classes = [i % engines.target.num_classes for i in range(args.images)]
     pipe.generate(torch.tensor(classes[:1]), mode="vvs", decode_images=False)  # warm-up
-    print("| mode | batch | target row-forwards / image | batch verify calls / image | TPF | s / image |")
-    print("|---|---|---|---|---|---|")
+    print("| mode | batch | target row-forwards / image | batch verify calls / image | TPF | s / image | "
+          "images differing from batch 1 |")
+    print("|---|---|---|---|---|---|---|")
     reference = {}
     for mode in args.modes.split(","):
         for batch in map(int, args.batches.split(",")):
@@ -66,11 +68,10 @@ def main():
                 stats += gen.stats
             seconds = (time.perf_counter() - start) / args.images
             tokens = torch.cat(tokens)
-            same = reference.setdefault(mode, tokens)
-            assert torch.equal(same, tokens), "batch invariance broke: tokens differ between batch sizes"
+            differing = int((reference.setdefault(mode, tokens) != tokens).any(1).sum())
             tpf = sum(s.tokens for s in stats) / sum(s.target_forwards for s in stats)
             print(f"| {mode} | {batch} | {(counter.rows + args.images) / args.images:.1f} | "
-                  f"{calls / args.images + 1:.1f} | {tpf:.2f} | {seconds:.2f} |")
+                  f"{calls / args.images + 1:.1f} | {tpf:.2f} | {seconds:.2f} | {differing} of {args.images} |")
     print(f"(both counts include the prefill; totals over {args.images} images divided by {args.images})",
           file=sys.stderr)
 

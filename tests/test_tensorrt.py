@@ -1,32 +1,65 @@
-"""TensorRT builder and backend logic, against ``fake_tensorrt`` because TensorRT cannot be installed here (its
-builder libraries are not on PyPI). The stand-in keeps only the TensorRT 11 API, enforces profiles on every
-``set_input_shape``, parses with TensorRT's operator rules, and executes through ONNX Runtime at the bound
-addresses — so what passes here is the binding, profile and build logic, not TensorRT's kernels."""
-import ast
+"""TensorRT: every graph of every precision through the real TensorRT-RTX builder (it builds without a GPU), and
+the backend's binding, profile and runtime-cache logic run against ``fake_tensorrt`` — a runtime stand-in that
+executes the real plans' source graphs with ONNX Runtime, because executing a plan needs a GPU."""
+import hashlib
+import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
 import fake_tensorrt
+from conftest import SMALL
+from vvs.engines import load_engines
 from vvs.engines.buckets import buckets
-from vvs.engines.manifest import read_manifest
+from vvs.engines.manifest import EngineFolderError, graph_spec, read_manifest
 from vvs.engines.tensorrt_backend import load_tensorrt
 from vvs.engines.tensorrt_build import BuildError, build_folder, shape_ranges
-from vvs.engines import load_engines
+from vvs.errors import VVSError
+from vvs.export.exporter import export_folder
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
 
-TRT_SOURCES = [Path(__file__).parent.parent / "vvs/engines" / f for f in ("tensorrt_build.py", "tensorrt_backend.py")]
+trt = pytest.importorskip("tensorrt_rtx", reason="the test set-up installs tensorrt-rtx-cu13 from PyPI")
+
+GRAPHS = ("target_prefill", "target_verify", "drafter_step", "vq_decode")
+TRT_TYPES = {"float32": "FLOAT", "float16": "HALF", "int64": "INT64", "bool": "BOOL"}
 
 
-@pytest.fixture(scope="module")
-def built(tiny_folder, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("trt") / "eng"
-    shutil.copytree(tiny_folder, folder)
-    build_folder(folder, max_images=4, trt=fake_tensorrt)
+@pytest.fixture(scope="module", params=["fp32", "fp16", "int8"])
+def built(request, bundle_factory, tmp_path_factory):
+    """An engine folder of the small random model at one precision, built for two GPU generations."""
+    folder = tmp_path_factory.mktemp(f"trt-{request.param}") / "eng"
+    export_folder(bundle_factory(), folder, precision=request.param, decoding_defaults=SMALL, progress=False)
+    build_folder(folder, "tensorrt-rtx", max_images=4, compute_capabilities=[(8, 6), (12, 0)])
     return folder
+
+
+def network_io(onnx_path) -> dict[str, tuple[str, int]]:
+    """What the TensorRT network built from a graph takes and returns: name -> (dtype, rank)."""
+    from vvs.engines.tensorrt_build import FLAVOURS, polygraphy_trt
+
+    ptrt = polygraphy_trt(FLAVOURS["tensorrt-rtx"])
+    builder, network, parser = ptrt.NetworkFromOnnxPath(str(onnx_path))()
+    tensors = [network.get_input(i) for i in range(network.num_inputs)]
+    tensors += [network.get_output(i) for i in range(network.num_outputs)]
+    return {t.name: (t.dtype.name, len(t.shape)) for t in tensors}
+
+
+def test_every_graph_builds_and_is_recorded(built):
+    manifest = read_manifest(built)
+    record = manifest["tensorrt-rtx"]
+    assert record["version"] == trt.__version__ and record["compute_capabilities"] == ["8.6", "12.0"]
+    assert set(record["engines"]) == set(GRAPHS)
+    for name, entry in record["engines"].items():
+        plan = built / entry["file"]
+        assert plan.stat().st_size > 10_000, f"{name}: suspiciously small plan"
+        assert manifest["files"][entry["file"]]["sha256"] == hashlib.sha256(plan.read_bytes()).hexdigest()
+        spec = graph_spec(manifest, name)
+        io = network_io(built / manifest["graphs"][name]["file"])
+        declared = {t.name: (TRT_TYPES[t.dtype], len(t.shape)) for t in (*spec.inputs, *spec.outputs)}
+        assert io == declared, f"{name}: the network's I/O differs from the spec"
+        assert [len(p) for p in entry["profiles"]] == [len(spec.inputs)] * len(entry["profiles"])
 
 
 def test_profiles_cover_every_bucket_the_runtime_requests(built):
@@ -34,68 +67,89 @@ def test_profiles_cover_every_bucket_the_runtime_requests(built):
     opts = DecodeOptions.from_dict(manifest["decoding_defaults"])
     c = manifest["model"]["target"]["cls_token_num"]
     for name in ("target_verify", "drafter_step"):
-        profiles = shape_ranges(manifest, name, 4)
-        news = sorted(p["input_ids"][1][1] for p in profiles)
+        news = sorted(p["input_ids"][1][1] for p in shape_ranges(manifest, name, 4))
         assert news == buckets(name, c, opts)
-        assert opts.tree_size + opts.max_path_tokens in buckets("target_verify", c, opts)
-    assert set(manifest["tensorrt"]["engines"]) == {"target_prefill", "target_verify", "drafter_step", "vq_decode"}
-    assert manifest["tensorrt"]["version"] == fake_tensorrt.__version__
-    assert all(e["file"] in manifest["files"] for e in manifest["tensorrt"]["engines"].values())
+    assert opts.tree_size + opts.max_path_tokens in buckets("target_verify", c, opts)
+
+
+@pytest.fixture
+def runnable(built, tmp_path, monkeypatch):
+    """The built folder, with the stand-in runtime taught which ONNX graph each real plan came from."""
+    folder = tmp_path / "eng"
+    shutil.copytree(built, folder)
+    manifest = read_manifest(folder)
+    for name, entry in manifest["tensorrt-rtx"]["engines"].items():
+        digest = hashlib.sha256((folder / entry["file"]).read_bytes()).hexdigest()
+        fake_tensorrt.plans[digest] = {"onnx": str(folder / manifest["graphs"][name]["file"]),
+                                       "profiles": entry["profiles"]}
+    monkeypatch.setattr(fake_tensorrt, "__version__", trt.__version__)
+    return folder
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd", "vvs"])
-def test_tensorrt_backend_tokens_equal_onnxruntime(built, mode):
-    trt_engines = load_tensorrt(built, "cpu", trt=fake_tensorrt)
-    classes = torch.tensor([1, 6])
-    a = Pipeline(trt_engines).generate(classes, mode=mode, temperature=0, cfg_scale=2.0, skip_interval=2)
-    b = Pipeline(load_engines(built, "onnxruntime", threads=1)).generate(classes, mode=mode, temperature=0,
-                                                                         cfg_scale=2.0, skip_interval=2)
+def test_backend_tokens_equal_onnxruntime(runnable, mode):
+    if read_manifest(runnable)["precision"] != "fp32":
+        pytest.skip("one precision is enough for the binding logic")
+    fake_tensorrt.calls.clear()
+    engines = load_tensorrt(runnable, "cpu", backend="tensorrt-rtx", trt=fake_tensorrt)
+    opts = dict(mode=mode, temperature=0, cfg_scale=2.0, skip_interval=2)
+    classes = torch.tensor([1, 6, 3])
+    a = Pipeline(engines).generate(classes, **opts)
+    b = Pipeline(load_engines(runnable, "onnxruntime", threads=1)).generate(classes, **opts)
     assert torch.equal(a.tokens, b.tokens)
-    executed = {profile for kind, path, profile in fake_tensorrt.calls if kind == "execute_async_v3"
-                and path.endswith("target_verify.onnx")}
-    assert executed  # verify ran, within a declared profile (the stand-in raises otherwise)
+    assert any(kind == "execute_async_v3" and path.endswith("target_verify.onnx")
+               for kind, path, _ in fake_tensorrt.calls)
+    assert all(with_cache for kind, _, with_cache in fake_tensorrt.calls if kind == "create_execution_context")
+    engines.close()  # what TensorRT-RTX specialised for this GPU is kept for the next load
+    assert (runnable / "tensorrt-rtx" / "runtime.cache").read_bytes().endswith(b"+specialised")
 
 
-REMOVED_IN_TRT11 = {"FP16", "INT8", "BF16", "FP8", "INT4", "FP4", "OBEY_PRECISION_CONSTRAINTS",
-                    "PREFER_PRECISION_CONSTRAINTS", "int8_calibrator", "IInt8Calibrator", "IInt8EntropyCalibrator2",
-                    "CalibrationAlgoType", "set_calibration_profile", "set_quantization_flag",
-                    "platform_has_fast_fp16", "platform_has_fast_int8", "IAlgorithmSelector", "execute_async_v2",
-                    "get_binding_index"}
+def test_wrong_flavour_or_version_says_rebuild(runnable, monkeypatch):
+    with pytest.raises(EngineFolderError) as err:
+        load_tensorrt(runnable, "cpu", backend="tensorrt", trt=fake_tensorrt)
+    assert "holds no TensorRT engines (it has TensorRT-RTX engines (--backend tensorrt-rtx))" in str(err.value)
+    monkeypatch.setattr(fake_tensorrt, "__version__", "9.9.9")
+    with pytest.raises(EngineFolderError) as err:
+        load_tensorrt(runnable, "cpu", backend="tensorrt-rtx", trt=fake_tensorrt)
+    assert f"built with TensorRT-RTX {trt.__version__} but 9.9.9 is installed; rebuild them" in str(err.value)
 
 
-def test_no_removed_tensorrt_api_is_used():
-    for path in TRT_SOURCES:
-        used = {n.attr if isinstance(n, ast.Attribute) else n.id
-                for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.Attribute, ast.Name))}
-        assert not used & REMOVED_IN_TRT11, f"{path.name} uses {used & REMOVED_IN_TRT11}"
-    assert not hasattr(fake_tensorrt.BuilderFlag, "FP16") and not hasattr(fake_tensorrt, "IInt8EntropyCalibrator2")
+def test_a_plan_from_elsewhere_is_refused(runnable):
+    manifest = read_manifest(runnable)
+    entry = manifest["tensorrt-rtx"]["engines"]["vq_decode"]
+    fake_tensorrt.plans.pop(hashlib.sha256((runnable / entry["file"]).read_bytes()).hexdigest())
+    with pytest.raises(EngineFolderError, match="could not deserialize it .* rebuild the engines"):
+        load_tensorrt(runnable, "cpu", backend="tensorrt-rtx", trt=fake_tensorrt)
 
 
 def test_int8_engines_only_from_qdq_graphs(tiny_folder, tmp_path):
-    import json
-
     folder = tmp_path / "eng"
     shutil.copytree(tiny_folder, folder)
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["precision"] = "int8"  # claims int8, but the graphs carry no Q/DQ
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(BuildError, match="target_prefill: an int8 engine needs a Q/DQ graph"):
-        build_folder(folder, trt=fake_tensorrt)
+        build_folder(folder, "tensorrt-rtx")
 
 
-def test_failed_build_names_the_graph_and_the_reason(tiny_folder, tmp_path, monkeypatch):
+def test_a_graph_the_builder_rejects_names_the_graph(tiny_folder, tmp_path):
+    import onnx
+
     folder = tmp_path / "eng"
     shutil.copytree(tiny_folder, folder)
-    monkeypatch.setattr(fake_tensorrt.OnnxParser, "parse_from_file",
-                        lambda self, path: self.errors.append("Attention: unsupported mask type") or False)
-    with pytest.raises(BuildError) as err:
-        build_folder(folder, trt=fake_tensorrt)
-    assert str(err.value) == "target_prefill: TensorRT could not parse target_prefill.onnx: Attention: unsupported mask type"
+    path = folder / "vq_decode.onnx"
+    model = onnx.load(str(path))
+    model.graph.node[0].op_type = "NoSuchOp"
+    onnx.save(model, str(path))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    from vvs.engines.manifest import file_record
+
+    manifest["files"]["vq_decode.onnx"] = file_record(path)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BuildError, match="^vq_decode: TensorRT-RTX could not build vq_decode.onnx: "):
+        build_folder(folder, "tensorrt-rtx")
 
 
-def test_version_mismatch_is_a_clear_error(built, monkeypatch):
-    from vvs.engines.manifest import EngineFolderError
-
-    monkeypatch.setattr(fake_tensorrt, "__version__", "11.5.0")
-    with pytest.raises(EngineFolderError, match="built with TensorRT 11.4.0.106 but 11.5.0 is installed"):
-        load_tensorrt(built, "cpu", trt=fake_tensorrt)
+def test_compute_capability_only_for_rtx():
+    with pytest.raises(VVSError, match="only --backend tensorrt-rtx builds for chosen GPUs"):
+        build_folder("nowhere", "tensorrt", compute_capabilities=[(8, 9)])

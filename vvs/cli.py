@@ -61,35 +61,52 @@ def with_model_options(fn):
                     "model that ships with vvs.")
 @with_model_options
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
-              help="fp16: half-precision graphs (RMSNorm, RoPE and the logits stay fp32). int8: SmoothQuant "
-                   "W8A8 Q/DQ on the target's linear layers, calibrated on the model's own samples; everything "
-                   "else stays fp32 (the drafter is never quantized).")
+              help="fp16: half-precision graphs, the VQ decoder included (RMSNorm, RoPE and the logits stay fp32). "
+                   "int8: SmoothQuant W8A8 Q/DQ on the target's linear layers, calibrated on the model's own "
+                   "samples, in an otherwise fp16 graph (the drafter is never quantized).")
 @click.option("--out", type=click.Path(file_okay=False), default="engines", show_default=True,
               help="Engine folder to write (replaced only once the new one is complete).")
 @click.option("--max-draft-top-k", type=click.IntRange(1, 64), default=10, show_default=True,
               help="Candidates per node the drafter graph returns (upper bound for --draft-top-k at run time).")
 @click.option("--lantern-k", type=click.IntRange(1), default=None,
               help="LANTERN neighbours stored per code (default: the decoding default lantern_k).")
-@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True,
-              help="tensorrt also builds TensorRT engines from the graphs (needs TensorRT 11 and a GPU).")
+@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt", "tensorrt-rtx"]), default="onnxruntime",
+              show_default=True,
+              help="tensorrt: also build TensorRT 11 engines (data-centre GPUs; build on the GPU that runs them). "
+                   "tensorrt-rtx: also build TensorRT-RTX engines (GeForce / RTX PRO GPUs), ahead of time on any "
+                   "machine, no GPU needed.")
+@click.option("--compute-capability", "compute_capability", default=None,
+              help="tensorrt-rtx: GPUs to build for, e.g. 8.6,8.9,12.0 (default: every one the builder supports).")
+@click.option("--max-images", type=click.IntRange(1, 64), default=8, show_default=True,
+              help="TensorRT: the most images one engine call decodes (the profiles' batch range).")
 def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter, ema, precision, out,
-               max_draft_top_k, lantern_k, backend):
+               max_draft_top_k, lantern_k, backend, compute_capability, max_images):
     import time
 
     from vvs.export.exporter import export_folder
     from vvs.models.bundle import load_bundle, shipped_info
 
     start = time.time()
+    if compute_capability and backend != "tensorrt-rtx":
+        raise VVSError("option --compute-capability: needs --backend tensorrt-rtx")
+    if backend != "onnxruntime":  # fail before the export, not after it
+        from vvs.engines.tensorrt_build import check_build_request, parse_compute_capabilities
+
+        capabilities = parse_compute_capabilities(compute_capability)
+        check_build_request(backend, capabilities)
     bundle = load_bundle(checkpoint, config, vq, vq_config, drafter, t2i=t2i, ema=ema, grid_size=grid_size)
     click.echo(bundle.summary())
     shipped = shipped_info() if not (checkpoint or drafter or vq) else None
     extra = {"classes": [c["name"] for c in shipped["classes"]], "image_size": shipped["image_size"]} if shipped else {}
     defaults = shipped["decoding_defaults"] if shipped else {}
     manifest = export_folder(bundle, Path(out), precision, max_draft_top_k, lantern_k, defaults, extra)
-    if backend == "tensorrt":
+    if backend != "onnxruntime":
         from vvs.engines.tensorrt_build import build_folder
 
-        build_folder(Path(out))
+        def report(name, seconds, size):
+            click.echo(f"built {backend}/{name}.plan: {size / 1e6:.1f} MB in {seconds:.0f} s")
+
+        manifest = build_folder(Path(out), backend, max_images, capabilities, progress=report)
     total = sum(f["bytes"] for f in manifest["files"].values())
     click.echo(f"wrote {out}/: {len(manifest['graphs'])} graphs ({precision}, opset {manifest['versions']['opset']}), "
                f"{len(manifest['files'])} files, {total / 1e6:.1f} MB, in {time.time() - start:.0f} s")
@@ -156,7 +173,7 @@ def resolve_seeds(text: str, count: int) -> list[int]:
                     "sd (EAGLE-2 speculative decoding), lantern (relaxed acceptance), vvs (verification skipping). "
                     "Defaults come from the folder's manifest.")
 @click.option("--engine", "engine_dir", type=click.Path(), default="engines", show_default=True, help="Engine folder.")
-@click.option("--backend", type=click.Choice(["auto", "onnxruntime", "torch", "tensorrt"]), default="auto",
+@click.option("--backend", type=click.Choice(["auto", "onnxruntime", "torch", "tensorrt", "tensorrt-rtx"]), default="auto",
               show_default=True)
 @click.option("--device", default=None, help="cpu or cuda (default: what the backend finds).")
 @click.option("--mode", "modes", multiple=True, type=click.Choice(["ar", "sd", "lantern", "vvs"]),
@@ -226,7 +243,7 @@ def run_main():
                     "Writes results.json, table.md, pareto.png and sample grids. --tune picks the tree and skip "
                     "interval fastest on this machine and stores them as the engine folder's defaults.")
 @click.option("--engine", "engine_dir", type=click.Path(), default="engines", show_default=True)
-@click.option("--backend", type=click.Choice(["auto", "onnxruntime", "torch", "tensorrt"]), default="auto",
+@click.option("--backend", type=click.Choice(["auto", "onnxruntime", "torch", "tensorrt", "tensorrt-rtx"]), default="auto",
               show_default=True)
 @click.option("--device", default=None)
 @click.option("--modes", default="ar,sd,lantern,vvs-uniform,vvs-dynamic", show_default=True,

@@ -10,7 +10,7 @@
    change what the KV cache holds, and graphs of every precision must read the same cache.
 3. Every linear layer of the blocks becomes ``QDQLinear``: activations per-tensor, weights per-output-channel,
    symmetric int8 with zero point 0 (TensorRT accepts nothing else). Attention, norms, RoPE and the output head
-   stay in floating point; so does the drafter (quantising it lowers acceptance).
+   stay in floating point (fp16, as in the fp16 export); so does the drafter (quantising it lowers acceptance).
 
 Torch's fake-quantisation ops export as ONNX QuantizeLinear/DequantizeLinear with int8 zero points, so the
 quantized torch module is both the reference and the export source.
@@ -25,8 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vvs.models.bundle import ModelBundle
-from vvs.models.gpt import GPT
-from vvs.runtime.options import DecodeOptions
+from vvs.models.gpt import GPT, sample_ar
 
 QUANTIZED = ("attention.wqkv", "attention.wo", "feed_forward.w1", "feed_forward.w3", "feed_forward.w2")
 
@@ -60,20 +59,17 @@ class QDQLinear(nn.Module):
             w = _onnx_op("DequantizeLinear", (self.weight_int8, self.weight_scale, self.weight_zero_point),
                          x.dtype, self.weight_int8.shape, axis=0)
         else:
-            xq = torch.clamp(torch.round(x / self.act_scale), -128, 127) * self.act_scale
+            # ONNX Runtime quantizes fp16 activations in fp32; rounding in fp16 would flip some int8 values
+            scale = self.act_scale.float()
+            xq = (torch.clamp(torch.round(x.float() / scale), -128, 127) * scale).to(x.dtype)
             w = self.weight_int8.to(x.dtype) * self.weight_scale[:, None].to(x.dtype)
         return xq @ w.t()
 
 
-@torch.no_grad()
 def calibration_tokens(bundle: ModelBundle, num: int, seed: int, cfg_scale: float = 3.0):
     """``num`` sequences sampled from the target itself (AR with guidance), classes spread evenly."""
-    from vvs.engines.torch_backend import torch_engines
-    from vvs.runtime.pipeline import Pipeline
-
     labels = torch.arange(num) % bundle.target.config.num_classes
-    pipe = Pipeline(torch_engines(bundle), DecodeOptions(mode="ar", cfg_scale=cfg_scale, top_k=0))
-    return labels, pipe.generate(labels, seed=seed, decode_images=False).tokens
+    return labels, sample_ar(bundle.target, labels, cfg_scale, generator=torch.Generator().manual_seed(seed))
 
 
 @torch.no_grad()

@@ -8,23 +8,23 @@ import torch
 from vvs.engines.base import EngineSet
 from vvs.errors import VVSError
 
-BACKENDS = ("auto", "onnxruntime", "torch", "tensorrt")
+BACKENDS = ("auto", "onnxruntime", "torch", "tensorrt", "tensorrt-rtx")
 
 
 def load_engines(folder: str | Path, backend: str = "auto", device: str | None = None,
                  threads: int | None = None, cuda_graphs: bool = False) -> EngineSet:
-    """Open an engine folder with a backend. ``auto``: TensorRT engines if built and TensorRT is installed,
-    else ONNX Runtime (CUDA when onnxruntime-gpu and a GPU are present, else CPU)."""
+    """Open an engine folder with a backend. ``auto``: TensorRT (then TensorRT-RTX) engines if built and the
+    module is installed, else ONNX Runtime (CUDA when onnxruntime-gpu and a GPU are present, else CPU)."""
     if backend not in BACKENDS:
         raise VVSError(f"option backend={backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "auto":
-        from vvs.engines.tensorrt_backend import tensorrt_ready
+        from vvs.engines.tensorrt_backend import ready_flavour
 
-        backend = "tensorrt" if tensorrt_ready(folder) else "onnxruntime"
-    if backend == "tensorrt":
+        backend = ready_flavour(folder) or "onnxruntime"
+    if backend in ("tensorrt", "tensorrt-rtx"):
         from vvs.engines.tensorrt_backend import load_tensorrt
 
-        return load_tensorrt(folder, device or "cuda", cuda_graphs=cuda_graphs)
+        return load_tensorrt(folder, device or "cuda", cuda_graphs=cuda_graphs, backend=backend)
     if backend == "torch":
         from vvs.engines.torch_backend import load_torch_folder
 

@@ -40,6 +40,12 @@ class EngineSet:
     neighbour_table: torch.Tensor | None = None  # [vocab, K] nearest codes, precomputed by the exporter
     default_options: dict = field(default_factory=dict)
     buffers: dict = field(default_factory=dict, repr=False)
+    on_close: list = field(default_factory=list, repr=False)  # callables that persist state (TensorRT-RTX's cache)
+
+    def close(self) -> None:
+        """Persist what the backend learnt while running (also done when the process exits)."""
+        for fn in self.on_close:
+            fn()
 
     def cache_buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """A zeroed cache buffer that keeps its address across ``generate`` calls of the same shape (CUDA graphs

@@ -18,6 +18,7 @@ from vvs.export.spec import GraphSpec
 FORMAT = "vvs-engine-folder/1"
 MANIFEST = "manifest.json"
 TABLES = "tables.safetensors"
+CALIBRATION = "calibration.safetensors"  # int8 folders: the activation statistics the Q/DQ scales came from
 TORCH_WEIGHTS = {"target": "torch_target.safetensors", "drafter": "torch_drafter.safetensors",
                  "vq": "torch_vq.safetensors"}
 

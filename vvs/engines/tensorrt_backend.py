@@ -1,39 +1,77 @@
-"""TensorRT 11 backend: engines built by :mod:`vvs.engines.tensorrt_build`, run from torch CUDA tensors.
+"""TensorRT backend (TensorRT 11 or TensorRT-RTX): engines built by :mod:`vvs.engines.tensorrt_build`, run from
+torch CUDA tensors.
 
 Tensors are bound by address (``set_tensor_address``), shapes set per call (``set_input_shape``), and every
 graph runs with ``execute_async_v3`` on the current torch stream; caches are the runtime's own buffers, read in
 place. One execution context per optimisation profile (= shape bucket), so a context's shapes never change and
-CUDA graphs can capture it (``cuda_graphs=True``). TensorRT is imported lazily: the base install never needs it.
+CUDA graphs can capture it (``cuda_graphs=True``). TensorRT-RTX specialises its engines for the user's GPU on
+first use; that work goes to a runtime cache in the engine folder, so later loads skip it. TensorRT is imported
+lazily: the base install never needs it.
 """
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import os
 from pathlib import Path
 
 import torch
 
 from vvs.engines.base import GRAPHS, EngineSet
 from vvs.engines.buckets import BucketedEngine
-from vvs.engines.tensorrt_build import TRT_DIR, import_tensorrt
+from vvs.engines.tensorrt_build import FLAVOURS, RUNTIME_CACHE, flavour, import_flavour
 from vvs.engines.manifest import EngineFolderError, engine_set, graph_spec, read_manifest, verify_files
 from vvs.export.spec import GraphSpec
 
 
+def ready_flavour(folder: str | Path) -> str | None:
+    """The first flavour whose module is importable and whose engines the folder holds, or None."""
+    built = read_manifest(Path(folder))
+    for fl in FLAVOURS.values():
+        if fl.name in built and importlib.util.find_spec(fl.module) is not None:
+            return fl.name
+    return None
 
-def tensorrt_ready(folder: str | Path) -> bool:
-    """True when TensorRT is importable and the folder holds built engines."""
-    return importlib.util.find_spec("tensorrt") is not None and (Path(folder) / TRT_DIR).is_dir()
+
+class RuntimeCache:
+    """TensorRT-RTX's runtime cache, shared by every engine of a folder, written back when the process ends."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.cache = None
+        self.blob = path.read_bytes() if path.is_file() else None
+        atexit.register(self.save)
+
+    def runtime_config(self, engine):
+        config = engine.create_runtime_config()
+        if self.cache is None:
+            self.cache = config.create_runtime_cache()
+            if self.blob is not None:
+                self.cache.deserialize(self.blob)  # False on a GPU or driver mismatch: start afresh
+        config.set_runtime_cache(self.cache)
+        return config
+
+    def save(self) -> None:
+        if self.cache is None:
+            return
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_bytes(bytes(self.cache.serialize()))
+            os.replace(tmp, self.path)
+        except OSError:  # a read-only engine folder only loses the speed-up of the next load
+            tmp.unlink(missing_ok=True)
 
 
 class TrtEngine:
-    def __init__(self, trt, engine, spec: GraphSpec, profiles: list[dict], device: torch.device):
+    def __init__(self, engine, spec: GraphSpec, profiles: list[dict], device: torch.device, runtime_config=None):
         self.spec, self.device = spec, device
         self.engine = engine
         self.contexts = []
         self.news = []
         stream = self._stream()
         for index, profile in enumerate(profiles):
-            ctx = engine.create_execution_context()
+            ctx = engine.create_execution_context() if runtime_config is None else \
+                engine.create_execution_context(runtime_config)
             ctx.set_optimization_profile_async(index, stream)
             self.contexts.append(ctx)
             self.news.append(profile["input_ids"][0][1] if "input_ids" in profile else None)
@@ -70,31 +108,40 @@ class TrtEngine:
         return outputs
 
 
-def load_tensorrt(folder: str | Path, device: str = "cuda", cuda_graphs: bool = False, trt=None) -> EngineSet:
-    trt = trt or import_tensorrt()
+def load_tensorrt(folder: str | Path, device: str = "cuda", cuda_graphs: bool = False, backend: str = "tensorrt",
+                  trt=None) -> EngineSet:
+    fl = flavour(backend)
+    trt = trt or import_flavour(fl)
     folder = Path(folder)
     device = torch.device(device)
     manifest = read_manifest(folder)
-    built = manifest.get("tensorrt")
+    built = manifest.get(fl.name)
     if not built:
-        raise EngineFolderError(f"{folder}: holds no TensorRT engines; build them with "
-                                f"vvs-export --backend tensorrt --out {folder}")
+        others = [f"{FLAVOURS[k].label} engines (--backend {k})" for k in FLAVOURS if k in manifest]
+        has = f" (it has {', '.join(others)})" if others else ""
+        raise EngineFolderError(f"{folder}: holds no {fl.label} engines{has}; build them with "
+                                f"vvs-export --backend {fl.name} --out {folder}")
     if built["version"] != trt.__version__:
-        raise EngineFolderError(f"{folder}: engines were built with TensorRT {built['version']} but "
-                                f"{trt.__version__} is installed; rebuild them (vvs-export --backend tensorrt)")
+        raise EngineFolderError(f"{folder}: engines were built with {fl.label} {built['version']} but "
+                                f"{trt.__version__} is installed; rebuild them (vvs-export --backend {fl.name})")
     verify_files(folder, manifest)
     runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    cache = RuntimeCache(folder / fl.name / RUNTIME_CACHE) if fl.rtx else None
     graphs = {}
     for name in GRAPHS:
         entry = built["engines"][name]
         engine = runtime.deserialize_cuda_engine((folder / entry["file"]).read_bytes())
         if engine is None:
-            raise EngineFolderError(f"{folder / entry['file']}: TensorRT could not deserialize it; rebuild the engines")
+            raise EngineFolderError(f"{folder / entry['file']}: {fl.label} could not deserialize it (built for "
+                                    "another GPU or version?); rebuild the engines")
         profiles = [{k: [tuple(s) for s in v] for k, v in p.items()} for p in entry["profiles"]]
-        inner = TrtEngine(trt, engine, graph_spec(manifest, name), profiles, device)
+        inner = TrtEngine(engine, graph_spec(manifest, name), profiles, device,
+                          cache.runtime_config(engine) if cache else None)
         news = [n for n in inner.news if n is not None]
         graphs[name] = BucketedEngine(inner, news) if news else inner
-    engines = engine_set("tensorrt", folder, manifest, graphs, device)
+    engines = engine_set(fl.name, folder, manifest, graphs, device)
+    if cache:
+        engines.on_close.append(cache.save)
     if cuda_graphs:
         from vvs.engines.cuda_graphs import GraphedEngine
 

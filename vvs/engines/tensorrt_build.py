@@ -1,14 +1,27 @@
-"""Build TensorRT 11 engines from an engine folder's ONNX graphs (``vvs-export --backend tensorrt``).
+"""Build TensorRT engines from an engine folder's ONNX graphs (``vvs-export --backend tensorrt | tensorrt-rtx``).
 
-TensorRT 11 networks are always strongly typed: precision comes from the ONNX itself (fp16 graphs, or Q/DQ nodes
-for int8), never from builder flags, which TensorRT 11 removed along with implicit calibration. One optimisation
-profile per shape bucket (:mod:`vvs.engines.buckets`), a timing cache shared by all builds, and the engines are
-recorded in the manifest with their sha256 and the TensorRT version.
+Two flavours share the open-source ONNX importer and one build path (Polygraphy's loaders):
+
+- ``tensorrt``: TensorRT 11 for data-centre GPUs (>= 10.14 imports the ONNX ``Attention`` op the graphs use).
+  Engines are built on the GPU that runs them, with a timing cache kept beside them.
+- ``tensorrt-rtx``: TensorRT for RTX (>= 1.7) for GeForce and RTX PRO GPUs. Engines are built ahead of time on
+  any machine, no GPU needed, for chosen compute capabilities, and specialised on the user's GPU when loaded
+  (that work is kept in a runtime cache in the engine folder). No timing cache: filling one queries a GPU.
+
+Networks are strongly typed in both (precision comes from the ONNX: fp16 graphs, or Q/DQ nodes for int8; there
+are no precision flags and no implicit calibration). Every attention layer is marked decomposable: no fused
+kernel covers fp32 attention with an arbitrary mask, and without the fallback to MatMul + Softmax + MatMul the
+builder stops. One optimisation profile per shape bucket (:mod:`vvs.engines.buckets`); the manifest records
+each flavour's engines, builder version and compute capabilities.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -18,8 +31,8 @@ from vvs.engines.manifest import MANIFEST, file_record, graph_spec, read_manifes
 from vvs.errors import VVSError
 from vvs.runtime.options import DecodeOptions
 
-TRT_DIR = "tensorrt"
 TIMING_CACHE = "timing.cache"
+RUNTIME_CACHE = "runtime.cache"
 WORKSPACE_BYTES = 4 << 30
 
 
@@ -27,14 +40,60 @@ class BuildError(VVSError):
     pass
 
 
-def import_tensorrt():
-    """The ``tensorrt`` module, or a one-line error saying how to get it."""
+@dataclass(frozen=True)
+class Flavour:
+    name: str  # the --backend value, the manifest key and the engines' subfolder
+    module: str
+    label: str
+    install: str
+
+    @property
+    def rtx(self) -> bool:
+        return self.name == "tensorrt-rtx"
+
+
+FLAVOURS = {
+    "tensorrt": Flavour("tensorrt", "tensorrt", "TensorRT",
+                        "pip install --extra-index-url https://pypi.nvidia.com 'vvs[trt]' on a machine with an NVIDIA "
+                        "GPU, or build ahead of time with --backend tensorrt-rtx"),
+    "tensorrt-rtx": Flavour("tensorrt-rtx", "tensorrt_rtx", "TensorRT-RTX", "pip install 'vvs[trt-rtx]'"),
+}
+
+
+def flavour(name: str) -> Flavour:
+    if name not in FLAVOURS:
+        raise VVSError(f"unknown TensorRT flavour {name!r}; choose one of {', '.join(FLAVOURS)}")
+    return FLAVOURS[name]
+
+
+def import_flavour(fl: Flavour):
+    """The flavour's Python module, or a one-line error saying how to get it."""
     try:
-        import tensorrt
+        return importlib.import_module(fl.module)
     except ImportError:
-        raise VVSError("TensorRT 11 is not installed: pip install --extra-index-url https://pypi.nvidia.com "
-                       "'vvs[trt]' on a machine with an NVIDIA GPU (or use --backend onnxruntime)") from None
-    return tensorrt
+        raise VVSError(f"{fl.label} is not installed: {fl.install} (or use --backend onnxruntime)") from None
+
+
+def parse_compute_capabilities(text: str | None) -> list[tuple[int, int]] | None:
+    """``"8.6,8.9,12.0"`` -> ``[(8, 6), (8, 9), (12, 0)]``; None keeps the builder's default set."""
+    if not text:
+        return None
+    caps = []
+    for part in text.split(","):
+        major, dot, minor = part.strip().partition(".")
+        if not (dot and major.isdigit() and minor.isdigit()):
+            raise VVSError(f"option --compute-capability {part.strip()!r}: write major.minor, e.g. 8.9 or 12.0")
+        caps.append((int(major), int(minor)))
+    return caps
+
+
+def check_build_request(backend: str, compute_capabilities) -> tuple[Flavour, object]:
+    """Fail early, before any export work: a known flavour, installed, and capabilities only where they apply."""
+    fl = flavour(backend)
+    if compute_capabilities and not fl.rtx:
+        raise VVSError("option --compute-capability: only --backend tensorrt-rtx builds for chosen GPUs; TensorRT "
+                       "builds for the GPU it runs on")
+    return fl, import_flavour(fl)
 
 
 def shape_ranges(manifest: dict, name: str, max_images: int) -> list[dict[str, tuple[tuple, tuple, tuple]]]:
@@ -64,55 +123,98 @@ def shape_ranges(manifest: dict, name: str, max_images: int) -> list[dict[str, t
     return profiles
 
 
-def build_engine(trt, onnx_path: Path, name: str, profiles, timing_cache: bytes, int8: bool):
-    """Parse and build one graph; returns ``(plan bytes, timing cache bytes)``."""
-    if int8 and not any(n.op_type == "QuantizeLinear" for n in onnx.load(str(onnx_path), load_external_data=False).graph.node):
-        raise BuildError(f"{name}: an int8 engine needs a Q/DQ graph (export with --precision int8); "
-                         "TensorRT 11 has no implicit calibration")
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    network = builder.create_network(0)  # strongly typed: TensorRT 11 has no other kind
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_path)):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)) or "unknown parser error"
-        raise BuildError(f"{name}: TensorRT could not parse {onnx_path.name}: {errors}")
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, WORKSPACE_BYTES)
-    config.builder_optimization_level = 3
-    config.set_timing_cache(config.create_timing_cache(timing_cache), False)
+def polygraphy_trt(fl: Flavour):
+    """Polygraphy's TensorRT loaders bound to the flavour's module. Polygraphy picks TensorRT or TensorRT-RTX
+    once per process, when its TensorRT backend is first imported."""
+    from polygraphy import config
+
+    if "polygraphy.backend.trt" in sys.modules:
+        if config.USE_TENSORRT_RTX != fl.rtx:
+            other = "tensorrt-rtx" if config.USE_TENSORRT_RTX else "tensorrt"
+            raise BuildError(f"this process already builds {other} engines; build {fl.name} engines in another one")
+    else:
+        config.USE_TENSORRT_RTX = fl.rtx
+    from polygraphy.backend import trt as ptrt
+    from polygraphy.logger import G_LOGGER
+
+    G_LOGGER.module_severity = G_LOGGER.ERROR  # the builder's own errors still show
+    return ptrt
+
+
+QUANTIZED_GRAPHS = ("target_prefill", "target_verify")  # the int8 export quantizes the target only
+
+
+def check_int8(folder: Path, manifest: dict) -> None:
+    for name in QUANTIZED_GRAPHS:
+        graph = onnx.load(str(folder / manifest["graphs"][name]["file"]), load_external_data=False).graph
+        if not any(n.op_type == "QuantizeLinear" for n in graph.node):
+            raise BuildError(f"{name}: an int8 engine needs a Q/DQ graph (export with --precision int8); "
+                             "TensorRT has no implicit calibration")
+
+
+def build_engine(fl: Flavour, onnx_path: Path, name: str, profiles,
+                 compute_capabilities: list[tuple[int, int]] | None = None, timing_cache: Path | None = None) -> bytes:
+    """Parse and build one graph into a serialized plan."""
+    trt = import_flavour(fl)
+    ptrt = polygraphy_trt(fl)
+    from polygraphy.exception import PolygraphyException
+
+    network = ptrt.SetDecomposableAttentions(ptrt.NetworkFromOnnxPath(str(onnx_path)))
+    trt_profiles = []
     for ranges in profiles:
-        profile = builder.create_optimization_profile()
+        profile = ptrt.Profile()
         for tensor, (lo, opt, hi) in ranges.items():
-            profile.set_shape(tensor, lo, opt, hi)
-        config.add_optimization_profile(profile)
-    plan = builder.build_serialized_network(network, config)
-    if plan is None:
-        raise BuildError(f"{name}: TensorRT failed to build the engine (see the TensorRT log above)")
-    return bytes(plan), bytes(config.get_timing_cache().serialize())
+            profile.add(tensor, lo, opt, hi)
+        trt_profiles.append(profile)
+    common = dict(profiles=trt_profiles, builder_optimization_level=3,
+                  memory_pool_limits={trt.MemoryPoolType.WORKSPACE: WORKSPACE_BYTES})
+    if fl.rtx:
+        from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
+
+        config = CreateConfigRTX(compute_capabilities=compute_capabilities, **common)
+        cache = None
+    else:
+        config = ptrt.CreateConfig(load_timing_cache=str(timing_cache) if timing_cache and timing_cache.is_file()
+                                   else None, **common)
+        cache = str(timing_cache) if timing_cache else None
+    try:
+        return bytes(ptrt.EngineBytesFromNetwork(network, config, save_timing_cache=cache)())
+    except PolygraphyException as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "see the log above"
+        raise BuildError(f"{name}: {fl.label} could not build {onnx_path.name}: {first}") from None
 
 
-def build_folder(folder: Path, max_images: int = 8, trt=None) -> dict:
-    """Build every graph of ``folder`` into ``folder/tensorrt`` and record the engines in the manifest."""
-    trt = trt or import_tensorrt()
+def build_folder(folder: Path, backend: str = "tensorrt", max_images: int = 8,
+                 compute_capabilities: list[tuple[int, int]] | None = None, progress=None) -> dict:
+    """Build every graph of ``folder`` into ``folder/<flavour>/`` and record the engines in the manifest.
+    ``progress(name, seconds, plan_bytes)`` is called after each graph."""
+    fl, trt = check_build_request(backend, compute_capabilities)
     folder = Path(folder)
     manifest = read_manifest(folder)
     verify_files(folder, manifest)
-    out = folder / TRT_DIR
+    if manifest["precision"] == "int8":
+        check_int8(folder, manifest)
+    out = folder / fl.name
     out.mkdir(exist_ok=True)
-    cache_path = out / TIMING_CACHE
-    timing = cache_path.read_bytes() if cache_path.is_file() else b""
     engines = {}
     for name, entry in manifest["graphs"].items():
+        start = time.perf_counter()
         profiles = shape_ranges(manifest, name, max_images)
-        plan, timing = build_engine(trt, folder / entry["file"], name, profiles, timing, manifest["precision"] == "int8")
+        plan = build_engine(fl, folder / entry["file"], name, profiles, compute_capabilities,
+                            None if fl.rtx else out / TIMING_CACHE)
         path = out / f"{name}.plan"
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(plan)
         os.replace(tmp, path)
-        engines[name] = {"file": f"{TRT_DIR}/{path.name}", "profiles": [
-            {k: [list(s) for s in v] for k, v in p.items()} for p in profiles]}
-    cache_path.write_bytes(timing)
-    manifest["tensorrt"] = {"version": trt.__version__, "max_images": max_images, "engines": engines}
+        engines[name] = {"file": f"{fl.name}/{path.name}", "seconds": round(time.perf_counter() - start, 1),
+                         "profiles": [{k: [list(s) for s in v] for k, v in p.items()} for p in profiles]}
+        if progress:
+            progress(name, engines[name]["seconds"], len(plan))
+    record = {"flavour": fl.name, "version": trt.__version__, "max_images": max_images, "engines": engines}
+    if fl.rtx:
+        record["compute_capabilities"] = ([f"{a}.{b}" for a, b in compute_capabilities] if compute_capabilities
+                                          else "builder default")
+    manifest[fl.name] = record
     for entry in engines.values():
         manifest["files"][entry["file"]] = file_record(folder / entry["file"])
     tmp = folder / (MANIFEST + ".tmp")

@@ -28,8 +28,8 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
                   max_draft_top_k: int = 10, default_options: dict | None = None) -> EngineSet:
     device = torch.device(device)
     graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, max_draft_top_k)
-    for name, module in graphs.items():
-        cast_floating(module.to(device), torch.float32 if name == "vq_decode" else dtype)
+    for module in graphs.values():
+        cast_floating(module.to(device), dtype)
     act = "float16" if dtype == torch.float16 else "float32"
     specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, max_draft_top_k, act)
     return EngineSet(
@@ -53,7 +53,7 @@ def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_gra
 
     from safetensors.torch import load_file
 
-    from vvs.engines.manifest import TORCH_WEIGHTS, read_manifest, verify_files
+    from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, read_manifest, verify_files
     from vvs.models.loading import load_drafter, load_gpt, load_vq
 
     folder = Path(folder)
@@ -64,13 +64,12 @@ def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_gra
     target = load_gpt(folder / TORCH_WEIGHTS["target"])
     if manifest["precision"] == "int8":  # rebuild the quantized target from the stored calibration
         from vvs.calib.int8 import quantize_target
-        from vvs.export.exporter import CALIBRATION
 
         verify_files(folder, manifest, [CALIBRATION])
         target = quantize_target(target, load_file(folder / CALIBRATION))
     bundle = ModelBundle(target, load_drafter(folder / TORCH_WEIGHTS["drafter"], target.config),
                          load_vq(folder / TORCH_WEIGHTS["vq"]))
-    dtype = torch.float16 if manifest["precision"] == "fp16" else torch.float32
+    dtype = torch.float16 if manifest["precision"] in ("fp16", "int8") else torch.float32
     engines = torch_engines(bundle, device, dtype, manifest["max_draft_top_k"], manifest["decoding_defaults"])
     engines.neighbour_table = load_file(folder / manifest["tables"]["file"])["neighbours"].to(engines.device)
     if cuda_graphs:

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 import vvs
-from vvs.engines.manifest import FORMAT, MANIFEST, TABLES, TORCH_WEIGHTS, file_record
+from vvs.engines.manifest import CALIBRATION, FORMAT, MANIFEST, TABLES, TORCH_WEIGHTS, file_record
 from vvs.errors import VVSError
 from vvs.export.graphs import build_graphs
 from vvs.export.onnx_export import OPSET, export_graph
@@ -32,8 +32,8 @@ from vvs.models.loading import save_model
 from vvs.runtime.neighbours import nearest_codes
 from vvs.runtime.options import DecodeOptions
 
-PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.float32}
-CALIBRATION = "calibration.safetensors"
+# the dtype of everything that is not quantized: int8 is W8A8 Q/DQ linears in an otherwise fp16 graph
+PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.float16}
 
 
 def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", max_draft_top_k: int = 10,
@@ -56,20 +56,20 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
         raise VVSError(f"{out_dir}: exists and is not an engine folder; choose another --out")
     work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=parent))
     try:
-        source = bundle  # what the torch backend will load
-        if precision == "fp16":
+        source = bundle  # what the torch backend will load (int8: the fp32 models plus the calibration)
+        if PRECISIONS[precision] != torch.float32:
             bundle = copy.deepcopy(bundle)  # casting happens in place; leave the caller's models as they were
+            if precision == "fp16":
+                source = bundle
         if precision == "int8":
             from vvs.calib.int8 import calibrate, int8_bundle
 
             bundle = int8_bundle(bundle, calibrate(bundle, work / CALIBRATION))
-        act = "float16" if precision == "fp16" else "float32"
+        act = "float16" if PRECISIONS[precision] == torch.float16 else "float32"
         specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, max_draft_top_k, act)
         graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, max_draft_top_k)
-        for name, module in graphs.items():
-            cast_floating(module, torch.float32 if name == "vq_decode" else PRECISIONS[precision])
-        if precision == "fp16":
-            source = bundle
+        for module in graphs.values():
+            cast_floating(module, PRECISIONS[precision])
         files: list[Path] = []
         entries = {}
         steps = tqdm(list(specs), desc="export", unit="graph", disable=not progress, dynamic_ncols=True)

@@ -66,7 +66,7 @@ class VQDecode(nn.Module):
         self.grid = grid
 
     def forward(self, codes):
-        return self.vq.decode_codes(codes, self.grid)
+        return self.vq.decode_codes(codes, self.grid).float()  # float32 pixels from a decoder of any precision
 
 
 def build_graphs(target: GPT, drafter: Drafter, vq: VQModel, max_draft_top_k: int) -> dict[str, nn.Module]:

@@ -263,3 +263,28 @@ def caption_causal_mask(caption_mask: torch.Tensor, length: int) -> torch.Tensor
     causal = torch.ones(length, length, dtype=torch.bool, device=caption_mask.device).tril()
     eye = torch.eye(length, dtype=torch.bool, device=caption_mask.device)
     return ((causal & valid[:, None, :]) | eye).unsqueeze(1)
+
+
+@torch.no_grad()
+def sample_ar(model: GPT, condition: torch.Tensor, cfg_scale: float = 1.0, temperature: float = 1.0,
+              generator: torch.Generator | None = None) -> torch.Tensor:
+    """Plain ancestral sampling with an explicit KV cache, one image per condition (class ids, or captions without
+    padding): ``[n, N]`` tokens. The model-level reference (calibration data, tests); serving goes through
+    :mod:`vvs.runtime`."""
+    n, c = condition.shape[0], model.config.cls_token_num
+    guided = cfg_scale > 1.0
+    cond = torch.cat([condition, model.null_condition(n)]) if guided else condition
+    rows = cond.shape[0]
+    out = model(condition=cond, position_ids=torch.arange(c).expand(rows, -1), mask=causal_mask(c))
+    kv, logits, tokens = out.new_kv, out.logits[:, -1], []
+    for i in range(model.config.num_image_tokens):
+        if guided:
+            logits = logits[n:] + cfg_scale * (logits[:n] - logits[n:])
+        token = torch.multinomial(torch.softmax(logits / max(temperature, 1e-5), -1), 1, generator=generator)
+        tokens.append(token)
+        if i + 1 == model.config.num_image_tokens:
+            break
+        step = model(tokens=token.repeat(rows // n, 1), position_ids=torch.full((rows, 1), c + i),
+                     mask=torch.ones(1, 1, 1, c + i + 1, dtype=torch.bool), past_kv=kv)
+        kv, logits = torch.cat([kv, step.new_kv], dim=4), step.logits[:, -1]
+    return torch.cat(tokens, 1)
