@@ -36,7 +36,7 @@ def test_bookkeeping_is_exact(pipeline_factory, tmp_path):
 def test_sweep_and_mode_errors():
     with pytest.raises(VVSError, match="option --sweep 'speed=2'"):
         parse_sweep(("speed=2",))
-    with pytest.raises(VVSError, match="option --modes: unknown turbo"):
+    with pytest.raises(VVSError, match="option --mode: unknown turbo"):
         make_settings(["turbo"], {})
 
 
@@ -58,8 +58,8 @@ def test_tuner_prefers_smaller_trees_when_verification_cost_grows():
 
 def test_bench_command_writes_results(tiny_folder, tmp_path, capsys, monkeypatch):
     out = tmp_path / "bench"
-    code, stdout, err = run_cli(bench_main, ["--engine", tiny_folder, "--modes", "ar,vvs-uniform", "--num-images", "2",
-                                             "--seeds", "2", "--threads", "1", "--out", out], capsys, monkeypatch)
+    code, stdout, err = run_cli(bench_main, ["--engine", tiny_folder, "--mode", "ar,vvs-uniform", "--num-images", "2",
+                                             "--num-seeds", "2", "--threads", "1", "--out", out], capsys, monkeypatch)
     assert code == 0, err
     results = json.loads((out / "results.json").read_text())
     assert set(results["modes"]) == {"ar", "vvs-uniform"}

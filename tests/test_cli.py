@@ -17,7 +17,7 @@ def test_run_writes_images_grid_stats_and_tokens(tiny_folder, tmp_path, capsys, 
                                 capsys, monkeypatch)
     assert code == 0, err
     assert "TPF" in stdout and "vvs" in stdout
-    assert sorted(p.name for p in out.iterdir()) == ["ar_000_class1.png", "ar_001_class3.png", "ar_grid.png",
+    assert sorted(p.name for p in out.iterdir()) == [".vvs-run.json", "ar_000_class1.png", "ar_001_class3.png", "ar_grid.png",
                                                      "vvs_000_class1.png", "vvs_001_class3.png", "vvs_grid.png"]
     payload = json.loads(stats.read_text())
     assert len(payload["images"]) == 4 and set(payload["aggregate"]) == {"ar", "vvs"}
@@ -38,9 +38,9 @@ def test_run_writes_images_grid_stats_and_tokens(tiny_folder, tmp_path, capsys, 
     (["--seed", "1,2,3", "--class", "1"], "option --seed: got 3 seeds for 1 images"),
     (["--seed", "-4"], "option --seed '-4': give a non-negative integer"),
     (["--seed", str(2**64)], f"option --seed {2**64}: seeds must be integers in [0, {2**63 - 1}]"),
-    (["--top-p", "2"], "option top_p=2.0: must be in (0, 1]"),
-    (["--tree-size", "-1"], "option tree_size=-1"),
-    (["--mode", "fast"], "Invalid value for '--mode'"),
+    (["--top-p", "2"], "option --top-p 2.0: must be in (0, 1]"),
+    (["--tree-size", "-1"], "option --tree-size -1"),
+    (["--mode", "fast"], "option --mode 'fast': unknown; choose from ar, sd, lantern, vvs, vvs-uniform, vvs-dynamic"),
     (["--bogus"], "No such option '--bogus'"),
 ])
 def test_run_bad_arguments(tiny_folder, tmp_path, capsys, monkeypatch, args, message):

@@ -21,26 +21,19 @@ from tqdm import tqdm
 
 from vvs.errors import VVSError
 from vvs.output import atomic_write, grid_image, save_png
-from vvs.runtime.options import DecodeOptions
+from vvs.runtime.options import MODE_NAMES, DecodeOptions
 from vvs.runtime.pipeline import Pipeline
 from vvs.runtime.stats import aggregate
 
-BASE_MODES = {
-    "ar": {"mode": "ar"},
-    "sd": {"mode": "sd"},
-    "lantern": {"mode": "lantern"},
-    "vvs-uniform": {"mode": "vvs", "skip_policy": "uniform"},
-    "vvs-dynamic": {"mode": "vvs", "skip_policy": "dynamic"},
-}
 # which sweep keys apply to which modes (one key at a time, the others at their defaults)
 SWEEP_KEYS = {
-    "skip_interval": ("vvs-uniform",),
-    "sim_threshold": ("vvs-dynamic",),
-    "delta": ("lantern", "vvs-uniform", "vvs-dynamic"),
-    "lantern_k": ("lantern", "vvs-uniform", "vvs-dynamic"),
-    "tree_size": ("sd", "lantern", "vvs-uniform", "vvs-dynamic"),
-    "depth": ("sd", "lantern", "vvs-uniform", "vvs-dynamic"),
-    "draft_top_k": ("sd", "lantern", "vvs-uniform", "vvs-dynamic"),
+    "skip_interval": ("vvs", "vvs-uniform"),
+    "sim_threshold": ("vvs", "vvs-dynamic"),
+    "delta": ("lantern", "vvs", "vvs-uniform", "vvs-dynamic"),
+    "lantern_k": ("lantern", "vvs", "vvs-uniform", "vvs-dynamic"),
+    "tree_size": ("sd", "lantern", "vvs", "vvs-uniform", "vvs-dynamic"),
+    "depth": ("sd", "lantern", "vvs", "vvs-uniform", "vvs-dynamic"),
+    "draft_top_k": ("sd", "lantern", "vvs", "vvs-uniform", "vvs-dynamic"),
 }
 OPTION_OF = {"delta": "lantern_delta"}
 
@@ -70,17 +63,17 @@ def parse_sweep(items: tuple[str, ...]) -> dict[str, list]:
 
 
 def make_settings(modes: list[str], sweep: dict[str, list]) -> list[Setting]:
-    unknown = [m for m in modes if m not in BASE_MODES]
+    unknown = [m for m in modes if m not in MODE_NAMES]
     if unknown:
-        raise VVSError(f"option --modes: unknown {', '.join(unknown)}; choose from {', '.join(BASE_MODES)}")
-    settings = [Setting(m, dict(BASE_MODES[m])) for m in modes]
+        raise VVSError(f"option --mode: unknown {', '.join(unknown)}; choose from {', '.join(MODE_NAMES)}")
+    settings = [Setting(m, dict(MODE_NAMES[m])) for m in modes]
     for key, values in sweep.items():
         for m in modes:
             if m in SWEEP_KEYS[key]:
                 for v in values:
-                    settings.append(Setting(f"{m}[{key}={v}]", {**BASE_MODES[m], OPTION_OF.get(key, key): v}))
+                    settings.append(Setting(f"{m}[{key}={v}]", {**MODE_NAMES[m], OPTION_OF.get(key, key): v}))
     if "ar" not in modes:
-        settings.insert(0, Setting("ar", dict(BASE_MODES["ar"])))  # speed-ups are measured against it
+        settings.insert(0, Setting("ar", dict(MODE_NAMES["ar"])))  # speed-ups are measured against it
     return settings
 
 
@@ -98,10 +91,11 @@ def spread(values: list[float]) -> dict:
 
 
 def run_benchmark(pipe: Pipeline, settings: list[Setting], classes: list[int], seeds: int, batch_size: int,
-                  instruments=None, progress: bool = True) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Returns ``(results, first-seed images per setting)``."""
+                  instruments=None, progress: bool = True, base_seed: int = 0) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Returns ``(results, first-seed images per setting)``. Seed set j gives image i seed
+    ``base_seed + 1000 j + i``."""
     for s in settings:  # validate every setting before spending time
-        pipe.options.updated(**s.overrides)
+        pipe.options_for(**s.overrides)
     labels = torch.tensor(classes)
     runs = {s.label: Runs() for s in settings}
     warm = labels[: min(len(labels), batch_size)]
@@ -116,7 +110,7 @@ def run_benchmark(pipe: Pipeline, settings: list[Setting], classes: list[int], s
             start = time.perf_counter()
             tokens, images, stats = [], [], []
             for i in range(0, len(labels), batch_size):
-                g = pipe.generate(labels[i : i + batch_size], seed=seed * 1000 + i, **s.overrides)
+                g = pipe.generate(labels[i : i + batch_size], seed=base_seed + seed * 1000 + i, **s.overrides)
                 tokens.append(g.tokens)
                 images.append(g.images)
                 stats += g.stats

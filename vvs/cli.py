@@ -5,12 +5,14 @@ with code 2; nothing half-written is left behind (writers use a temporary name a
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import click
 
 from vvs.errors import VVSError
+from vvs.runtime.options import MODE_NAMES, DecodeOptions, OptionsError
 
 
 def _main(command: click.Command, prog: str) -> None:
@@ -20,6 +22,9 @@ def _main(command: click.Command, prog: str) -> None:
         sys.exit(done.exit_code)
     except click.ClickException as err:
         click.echo(f"{prog}: error: {err.format_message()} (see {prog} --help)", err=True)
+        sys.exit(2)
+    except OptionsError as err:
+        click.echo(f"{prog}: error: {flag_message(err)}", err=True)
         sys.exit(2)
     except VVSError as err:
         click.echo(f"{prog}: error: {err}", err=True)
@@ -65,7 +70,9 @@ def with_model_options(fn):
                    "int8: SmoothQuant W8A8 Q/DQ on the target's linear layers, calibrated on the model's own "
                    "samples, in an otherwise fp16 graph (the drafter is never quantized).")
 @click.option("--out", type=click.Path(file_okay=False), default="engines", show_default=True,
-              help="Engine folder to write (replaced only once the new one is complete).")
+              help="Engine folder to write; an existing engine folder is replaced only with --force, and only once "
+                   "the new one is complete.")
+@click.option("--force", is_flag=True, help="Replace an existing engine folder at --out.")
 @click.option("--max-draft-top-k", type=click.IntRange(1, 64), default=10, show_default=True,
               help="Candidates per node the drafter graph returns (upper bound for --draft-top-k at run time).")
 @click.option("--lantern-k", type=click.IntRange(1), default=None,
@@ -79,14 +86,15 @@ def with_model_options(fn):
               help="tensorrt-rtx: GPUs to build for, e.g. 8.6,8.9,12.0 (default: every one the builder supports).")
 @click.option("--max-images", type=click.IntRange(1, 64), default=8, show_default=True,
               help="TensorRT: the most images one engine call decodes (the profiles' batch range).")
-def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter, ema, precision, out,
+def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter, ema, precision, out, force,
                max_draft_top_k, lantern_k, backend, compute_capability, max_images):
     import time
 
-    from vvs.export.exporter import export_folder
+    from vvs.export.exporter import check_out_dir, export_folder
     from vvs.models.bundle import load_bundle, shipped_info
 
     start = time.time()
+    check_out_dir(Path(out).resolve(), force)  # before loading anything
     if compute_capability and backend != "tensorrt-rtx":
         raise VVSError("option --compute-capability: needs --backend tensorrt-rtx")
     if backend != "onnxruntime":  # fail before the export, not after it
@@ -99,7 +107,7 @@ def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter
     shipped = shipped_info() if not (checkpoint or drafter or vq) else None
     extra = {"classes": [c["name"] for c in shipped["classes"]], "image_size": shipped["image_size"]} if shipped else {}
     defaults = shipped["decoding_defaults"] if shipped else {}
-    manifest = export_folder(bundle, Path(out), precision, max_draft_top_k, lantern_k, defaults, extra)
+    manifest = export_folder(bundle, Path(out), precision, max_draft_top_k, lantern_k, defaults, extra, force=force)
     if backend != "onnxruntime":
         from vvs.engines.tensorrt_build import build_folder
 
@@ -115,20 +123,36 @@ def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter
 
 # --------------------------------------------------------------------------- vvs-run
 
+PUBLISHED = DecodeOptions()
+# decoding flag -> DecodeOptions field, with its help; defaults come from the engine folder's manifest
+DECODING_FLAGS = {
+    "--temperature": ("temperature", float, "Sampling temperature; 0 means greedy."),
+    "--top-k": ("top_k", int, "Keep the k most likely tokens (0: all)."),
+    "--top-p": ("top_p", float, "Nucleus sampling mass in (0, 1]."),
+    "--cfg": ("cfg_scale", float, "Classifier-free guidance scale; guidance applies only above 1 (as in LlamaGen)."),
+    "--tree-size": ("tree_size", int, "Draft-tree nodes verified per step, root included."),
+    "--depth": ("depth", int, "Tree expansion rounds (paths hold up to depth + 1 drafts)."),
+    "--draft-top-k": ("draft_top_k", int, "Children per expanded node."),
+    "--skip-policy": ("skip_policy", click.Choice(["uniform", "dynamic"]), "VVS skip schedule."),
+    "--skip-interval": ("skip_interval", int, "uniform: skip one verification every N cycles."),
+    "--sim-threshold": ("sim_threshold", float, "dynamic: latent similarity needed to skip."),
+    "--lantern-k": ("lantern_k", int, "LANTERN: latent neighbours per drafted token."),
+    "--lantern-delta": ("lantern_delta", float, "LANTERN: total-variation budget δ."),
+}
+FLAG_OF = {field: flag for flag, (field, _, _) in DECODING_FLAGS.items()}
 decoding_options = [
-    click.option("--temperature", type=float, default=None, help="Sampling temperature; 0 means greedy."),
-    click.option("--top-k", type=int, default=None, help="Keep the k most likely tokens (0: all)."),
-    click.option("--top-p", type=float, default=None, help="Nucleus sampling mass in (0, 1]."),
-    click.option("--cfg", "cfg_scale", type=float, default=None, help="Classifier-free guidance scale; guidance applies only above 1 (as in LlamaGen)."),
-    click.option("--tree-size", type=int, default=None, help="Draft-tree nodes verified per step, root included."),
-    click.option("--depth", type=int, default=None, help="Tree expansion rounds (paths hold up to depth + 1 drafts)."),
-    click.option("--draft-top-k", type=int, default=None, help="Children per expanded node."),
-    click.option("--skip-policy", type=click.Choice(["uniform", "dynamic"]), default=None, help="VVS skip schedule."),
-    click.option("--skip-interval", type=int, default=None, help="uniform: skip one verification every N cycles."),
-    click.option("--sim-threshold", type=float, default=None, help="dynamic: latent similarity needed to skip."),
-    click.option("--lantern-k", type=int, default=None, help="LANTERN: latent neighbours per drafted token."),
-    click.option("--lantern-delta", type=float, default=None, help="LANTERN: total-variation budget δ."),
+    click.option(flag, field, type=kind, default=None,
+                 help=f"{text} Default: the engine folder's (published: {getattr(PUBLISHED, field)}).")
+    for flag, (field, kind, text) in DECODING_FLAGS.items()
 ]
+
+
+def flag_message(err: OptionsError) -> str:
+    """An option error in the words the user typed: the flag, not the internal field."""
+    if err.option not in FLAG_OF:
+        return str(err)
+    value = err.value if isinstance(err.value, (int, float)) else repr(err.value)
+    return f"option {FLAG_OF[err.option]} {value}: {err.why}"
 
 
 def with_decoding_options(fn):
@@ -137,13 +161,27 @@ def with_decoding_options(fn):
     return fn
 
 
+def split_values(values: tuple[str, ...]) -> list[str]:
+    """Repeatable options that also take comma-separated lists: ``--mode ar,sd --mode vvs``."""
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def resolve_modes(values: tuple[str, ...], default: list[str]) -> list[str]:
+    modes = split_values(values) or default
+    unknown = [m for m in modes if m not in MODE_NAMES]
+    if unknown:
+        raise VVSError(f"option --mode {unknown[0]!r}: unknown; choose from {', '.join(MODE_NAMES)}")
+    return modes
+
+
 def resolve_classes(values: tuple[str, ...], names: list[str] | None, num_classes: int, count: int) -> list[int]:
-    """Class ids from ``--class`` values (ids or names), cycled to ``count`` images."""
+    """Class ids from ``--class`` values (ids or names, repeatable or comma-separated), cycled to ``count``."""
+    values = split_values(values)
     if not values:
         return [i % num_classes for i in range(count)]
     ids = []
     for v in values:
-        if v.lstrip("-").isdigit():
+        if v.isascii() and v.lstrip("-").isdigit():
             ids.append(int(v))
         elif names and v in names:
             ids.append(names.index(v))
@@ -161,7 +199,7 @@ def resolve_seeds(text: str, count: int) -> list[int]:
     from vvs.runtime.random import image_seeds
 
     parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() for p in parts):
+    if not all(p.isascii() and p.isdigit() for p in parts):
         raise VVSError(f"option --seed {text!r}: give a non-negative integer, or one per image separated by commas")
     try:
         return image_seeds(int(parts[0]) if len(parts) == 1 else [int(p) for p in parts], count)
@@ -169,55 +207,82 @@ def resolve_seeds(text: str, count: int) -> list[int]:
         raise VVSError(f"option --{err}") from None
 
 
+MAX_IMAGES = 100_000  # per mode; more is almost certainly a typo
+
+
+def mode_option(default: str):
+    return click.option("--mode", "modes", multiple=True,
+                        help=f"{', '.join(MODE_NAMES)} (vvs-uniform / vvs-dynamic: VVS with that skip schedule); "
+                             f"repeat or comma-separate to compare on the same classes and seeds. Default: {default}.")
+
+
+class_option = click.option("--class", "classes", multiple=True,
+                            help="Class id or name; repeat or comma-separate. Default: every class in turn.")
+num_images_option = click.option("--num-images", type=click.IntRange(1, MAX_IMAGES), default=None,
+                                 help="Images per mode (default: one per --class, or 4; vvs-bench: 16).")
+
+
 @click.command(help="Generate images from an engine folder and report decoding statistics. Modes: ar (vanilla), "
                     "sd (EAGLE-2 speculative decoding), lantern (relaxed acceptance), vvs (verification skipping). "
                     "Defaults come from the folder's manifest.")
 @click.option("--engine", "engine_dir", type=click.Path(), default="engines", show_default=True, help="Engine folder.")
-@click.option("--backend", type=click.Choice(["auto", "onnxruntime", "torch", "tensorrt", "tensorrt-rtx"]), default="auto",
-              show_default=True)
-@click.option("--device", default=None, help="cpu or cuda (default: what the backend finds).")
-@click.option("--mode", "modes", multiple=True, type=click.Choice(["ar", "sd", "lantern", "vvs"]),
-              help="Decoding mode; repeat to compare modes on the same classes and seeds. Default: the manifest's.")
-@click.option("--class", "classes", multiple=True, help="Class id or name; repeatable. Default: 0, 1, 2, ...")
-@click.option("--num-images", type=click.IntRange(1), default=None, help="Images per mode (default: one per --class, or 4).")
-@click.option("--batch-size", type=click.IntRange(1), default=8, show_default=True, help="Images decoded together.")
+@click.option("--backend", type=click.Choice(["auto", "onnxruntime", "torch", "tensorrt", "tensorrt-rtx"]),
+              default="auto", show_default=True, help="auto: TensorRT plans when built and installed, else ONNX Runtime.")
+@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: what the backend finds).")
+@mode_option("the folder's default mode")
+@class_option
+@num_images_option
+@click.option("--batch-size", type=click.IntRange(1, 256), default=8, show_default=True, help="Images decoded together.")
 @click.option("--seed", default="0", show_default=True,
               help="S: image i gets seed S + i; or S1,S2,... one seed per image. An image depends only on its class, "
                    "seed and options, never on the images decoded beside it.")
 @with_decoding_options
-@click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads for the backend.")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None, help="CPU threads for the backend.")
 @click.option("--out", type=click.Path(file_okay=False), default="outputs", show_default=True,
-              help="Folder for the PNGs and the grid.")
+              help="Folder for the PNGs and grids (refused when it holds files, unless --overwrite).")
+@click.option("--overwrite", is_flag=True, help="Replace the files an earlier run wrote to --out.")
 @click.option("--stats-json", type=click.Path(dir_okay=False), default=None, help="Write per-image statistics here.")
 @click.option("--save-tokens", type=click.Path(dir_okay=False), default=None, help="Write token ids (.npy) here.")
-def run_cmd(engine_dir, backend, device, modes, classes, num_images, batch_size, seed, threads, out, stats_json,
-            save_tokens, **decoding):
+def run_cmd(engine_dir, backend, device, modes, classes, num_images, batch_size, seed, threads, out, overwrite,
+            stats_json, save_tokens, **decoding):
+    from tqdm import tqdm
+
     from vvs.engines import load_engines
     from vvs.engines.manifest import read_manifest
     from vvs.output import RunWriter
     from vvs.runtime.pipeline import Pipeline
 
     manifest = read_manifest(Path(engine_dir))
-    writer = RunWriter(Path(out), stats_json, save_tokens)  # fails early on unwritable places
+    modes = resolve_modes(modes, [])
+    names = manifest["model"].get("classes")
+    target = manifest["model"]["target"]
+    if target["model_type"] != "c2i":
+        raise VVSError("vvs-run generates class-conditional images; use the Pipeline API with caption embeddings "
+                       "for text-conditional models")
+    labels = resolve_classes(classes, names, target["num_classes"], num_images or (len(split_values(classes)) or 4))
+    seeds = resolve_seeds(seed, len(labels))
     engines = load_engines(engine_dir, backend, device, threads)
     pipe = Pipeline(engines)
     overrides = {k: v for k, v in decoding.items() if v is not None}
-    target = engines.target
-    if target.model_type != "c2i":
-        raise VVSError("vvs-run generates class-conditional images; use the Pipeline API with caption embeddings "
-                       "for text-conditional models")
-    labels = resolve_classes(classes, manifest["model"].get("classes"), target.num_classes,
-                             num_images or (len(classes) or 4))
-    seeds = resolve_seeds(seed, len(labels))
-    names = manifest["model"].get("classes")
-    for mode in modes or (pipe.options.mode,):
-        pipe.options.updated(mode=mode, **overrides)  # validate before any work
-        results = []
-        for start in range(0, len(labels), batch_size):
-            chunk = torch_tensor(labels[start : start + batch_size])
-            results.append(pipe.generate(chunk, mode=mode, seed=seeds[start : start + batch_size], **overrides))
-        writer.add(mode, labels, results, names)
-    writer.finish(engines.backend)
+    modes = modes or [pipe.options.mode]
+    for mode in modes:  # every mode's options are checked before the first image
+        pipe.options_for(**{**MODE_NAMES[mode], **overrides})
+    writer = RunWriter(Path(out), stats_json, save_tokens, overwrite)  # checks every output path before any work
+    try:
+        bar = tqdm(total=len(modes) * len(labels), desc="generate", unit="img", dynamic_ncols=True)
+        for mode in modes:
+            results = []
+            for start in range(0, len(labels), batch_size):
+                chunk = torch_tensor(labels[start : start + batch_size])
+                bar.set_postfix_str(mode)
+                results.append(pipe.generate(chunk, seed=seeds[start : start + batch_size],
+                                             **{**MODE_NAMES[mode], **overrides}))
+                bar.update(len(chunk))
+            writer.add(mode, labels, results, names)
+        bar.close()
+        writer.finish(engines.backend)
+    finally:
+        writer.close()
 
 
 def torch_tensor(values):
@@ -242,56 +307,63 @@ def run_main():
                     "for the shipped model class accuracy, domain FID and NLL with AR's seed-to-seed spread. "
                     "Writes results.json, table.md, pareto.png and sample grids. --tune picks the tree and skip "
                     "interval fastest on this machine and stores them as the engine folder's defaults.")
-@click.option("--engine", "engine_dir", type=click.Path(), default="engines", show_default=True)
-@click.option("--backend", type=click.Choice(["auto", "onnxruntime", "torch", "tensorrt", "tensorrt-rtx"]), default="auto",
-              show_default=True)
-@click.option("--device", default=None)
-@click.option("--modes", default="ar,sd,lantern,vvs-uniform,vvs-dynamic", show_default=True,
-              help="Comma-separated: ar, sd, lantern, vvs-uniform, vvs-dynamic.")
-@click.option("--num-images", type=click.IntRange(1), default=16, show_default=True, help="Images per setting and seed.")
-@click.option("--seeds", type=click.IntRange(1), default=3, show_default=True)
-@click.option("--classes", default=None, help="Comma-separated class ids (default: all classes in turn).")
-@click.option("--batch-size", type=click.IntRange(1), default=1, show_default=True,
+@click.option("--engine", "engine_dir", type=click.Path(), default="engines", show_default=True, help="Engine folder.")
+@click.option("--backend", type=click.Choice(["auto", "onnxruntime", "torch", "tensorrt", "tensorrt-rtx"]),
+              default="auto", show_default=True, help="auto: TensorRT plans when built and installed, else ONNX Runtime.")
+@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: what the backend finds).")
+@mode_option("ar,sd,lantern,vvs-uniform,vvs-dynamic")
+@class_option
+@num_images_option
+@click.option("--seed", type=click.IntRange(0, 2**62), default=0, show_default=True,
+              help="Base seed: seed set j gives image i the seed S + 1000 j + i.")
+@click.option("--num-seeds", type=click.IntRange(1, 1000), default=3, show_default=True,
+              help="Seed sets per setting (the quality spread is measured across them).")
+@click.option("--batch-size", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Images decoded together (1 = latency).")
 @click.option("--sweep", multiple=True, help="KEY=V1,V2 (skip_interval, sim_threshold, delta, lantern_k, tree_size, "
                                              "depth, draft_top_k); repeatable, one key at a time.")
 @with_decoding_options
-@click.option("--threads", type=click.IntRange(1), default=None)
+@click.option("--threads", type=click.IntRange(1, 1024), default=None, help="CPU threads for the backend.")
 @click.option("--tune", is_flag=True, help="Tune tree and skip interval for this machine and save them as defaults.")
-@click.option("--out", type=click.Path(file_okay=False), default="bench-results", show_default=True)
-def bench_cmd(engine_dir, backend, device, modes, num_images, seeds, classes, batch_size, sweep, threads, tune, out,
-              **decoding):
+@click.option("--out", type=click.Path(file_okay=False), default="bench-results", show_default=True,
+              help="Folder for results.json, table.md, pareto.png and sample grids.")
+def bench_cmd(engine_dir, backend, device, modes, classes, num_images, seed, num_seeds, batch_size, sweep, threads,
+              tune, out, **decoding):
     from vvs.bench import load_instruments, machine, make_settings, parse_sweep, run_benchmark, write_results
     from vvs.engines import load_engines
-    from vvs.engines.manifest import read_manifest
+    from vvs.engines.manifest import MANIFEST, read_manifest
     from vvs.output import ensure_writable_dir
     from vvs.runtime.pipeline import Pipeline
 
     manifest = read_manifest(Path(engine_dir))
     ensure_writable_dir(Path(out))
-    settings = make_settings([m.strip() for m in modes.split(",") if m.strip()], parse_sweep(sweep))
+    if tune and not os.access(Path(engine_dir) / MANIFEST, os.W_OK):
+        raise VVSError(f"option --tune: {Path(engine_dir) / MANIFEST} is not writable, so the tuned defaults could "
+                       "not be saved; copy the folder somewhere writable")
+    num_images = num_images or 16
+    target = manifest["model"]["target"]
+    labels = resolve_classes(classes, manifest["model"].get("classes"), target["num_classes"], num_images)
+    instruments = load_instruments(Path(engine_dir), manifest)
+    if instruments is not None and num_images < 2:
+        raise VVSError("option --num-images: the quality statistics (FID) need at least 2 images per seed set")
+    settings = make_settings(resolve_modes(modes, "ar,sd,lantern,vvs-uniform,vvs-dynamic".split(",")),
+                             parse_sweep(sweep))
     engines = load_engines(engine_dir, backend, device, threads)
     overrides = {k: v for k, v in decoding.items() if v is not None}
     pipe = Pipeline(engines)
-    pipe.options = pipe.options.updated(**overrides)
-    n_classes = engines.target.num_classes
-    ids = [int(c) for c in classes.split(",")] if classes else list(range(n_classes))
-    bad = [c for c in ids if not 0 <= c < n_classes]
-    if bad:
-        raise VVSError(f"option --classes {bad[0]}: out of range, the model has {n_classes} classes (0-{n_classes - 1})")
-    labels = [ids[i % len(ids)] for i in range(num_images)]
-    instruments = load_instruments(Path(engine_dir), manifest)
+    pipe.options = pipe.options_for(**overrides)
+    labels = labels[:num_images]
     if tune:
         from vvs.export.exporter import write_defaults
         from vvs.tune import tune as run_tune
 
-        best = run_tune(pipe, labels, seeds, instruments, log=click.echo)
+        best = run_tune(pipe, labels, num_seeds, instruments, log=click.echo)
         write_defaults(Path(engine_dir), best.to_dict())
         click.echo(f"saved as the defaults of {engine_dir}/manifest.json")
         pipe.options = best
-    results, samples = run_benchmark(pipe, settings, labels, seeds, batch_size, instruments)
+    results, samples = run_benchmark(pipe, settings, labels, num_seeds, batch_size, instruments, base_seed=seed)
     results.update({"engine": str(engine_dir), "backend": engines.backend, "machine": machine(),
-                    "num_images": num_images, "seeds": seeds, "batch_size": batch_size,
+                    "num_images": num_images, "seed": seed, "num_seeds": num_seeds, "batch_size": batch_size,
                     "defaults": pipe.options.to_dict()})
     write_results(results, Path(out), samples)
     from vvs.bench import markdown_table

@@ -18,12 +18,26 @@ from vvs.runtime.stats import aggregate
 
 
 def atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    """``write(tmp)`` then rename onto ``path``. The temporary name is unique to this process, so two writers never
+    share one; a write that fails (a full disk) leaves ``path`` as it was and says so in one line."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         write(tmp)
         os.replace(tmp, path)
+    except OSError as err:
+        raise VVSError(f"{path}: could not be written ({err.strerror or err}); it was left as it was") from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def check_output_file(flag: str, path: Path) -> None:
+    """A path we may replace: a new name or a regular file — never a folder, a device or a symbolic link."""
+    if path.is_symlink():
+        raise VVSError(f"option {flag} {path}: is a symbolic link; give the path of a regular file")
+    if path.exists() and not path.is_file():
+        raise VVSError(f"option {flag} {path}: exists and is not a regular file (a folder or a device); "
+                       "give a file path")
+    ensure_writable_dir(path.parent)
 
 
 def save_png(image: Image.Image, path: Path) -> None:
@@ -53,18 +67,79 @@ def ensure_writable_dir(path: Path) -> None:
         raise VVSError(f"{path}: cannot write output there ({err.strerror or err}); choose another folder") from None
 
 
+RUN_INDEX = ".vvs-run.json"  # the files a run wrote to its --out folder, so --overwrite removes exactly those
+
+
 class RunWriter:
-    def __init__(self, out: Path, stats_json: str | None, save_tokens: str | None):
+    """Everything a ``vvs-run`` writes. Every path is checked when it is constructed, before any work: ``out``
+    must be empty (or ``overwrite`` given: the earlier run's files are removed first) and no other run may be
+    writing there; statistics and token files go only to new paths or regular files."""
+
+    def __init__(self, out: Path, stats_json: str | None, save_tokens: str | None, overwrite: bool = False):
         self.out = Path(out)
-        ensure_writable_dir(self.out)
         self.stats_json = Path(stats_json) if stats_json else None
         self.save_tokens = Path(save_tokens) if save_tokens else None
-        for extra in (self.stats_json, self.save_tokens):
+        for flag, extra in (("--stats-json", self.stats_json), ("--save-tokens", self.save_tokens)):
             if extra is not None:
-                ensure_writable_dir(extra.parent if str(extra.parent) else Path("."))
+                if extra.resolve() == self.out.resolve():
+                    raise VVSError(f"option {flag} {extra}: is the --out folder; give a file path")
+                check_output_file(flag, extra)
+        if self.stats_json is not None and self.stats_json == self.save_tokens:
+            raise VVSError("options --stats-json and --save-tokens name the same file; give two paths")
+        if self.out.exists() and not self.out.is_dir():
+            raise VVSError(f"option --out {self.out}: exists and is not a folder; choose another --out")
+        ensure_writable_dir(self.out)
+        self.lock = self.out / ".vvs-run.lock"
+        self._take_lock()
+        try:
+            self._clear_earlier_run(overwrite)
+        except BaseException:
+            self.lock.unlink(missing_ok=True)
+            raise
+        self.written: list[str] = []
         self.images: list[dict] = []
         self.by_mode: dict[str, list] = {}
         self.tokens: list[torch.Tensor] = []
+
+    def _take_lock(self) -> None:
+        for _ in range(2):
+            try:
+                fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                try:
+                    owner = int(self.lock.read_text() or 0)
+                except (OSError, ValueError):
+                    owner = 0
+                if owner and process_alive(owner):
+                    raise VVSError(f"option --out {self.out}: another vvs-run (pid {owner}) is writing there; "
+                                   "wait for it or choose another --out") from None
+                self.lock.unlink(missing_ok=True)  # left by a run that was killed
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            return
+        raise VVSError(f"option --out {self.out}: could not take {self.lock.name}; remove it if no run is active")
+
+    def _clear_earlier_run(self, overwrite: bool) -> None:
+        index = self.out / RUN_INDEX
+        present = [p for p in self.out.iterdir() if p.name != self.lock.name]
+        if not present:
+            return
+        if not overwrite:
+            raise VVSError(f"option --out {self.out}: already holds files (an earlier run?); pass --overwrite to "
+                           "replace that run's files, or choose another folder")
+        if index.is_file():
+            try:
+                earlier = json.loads(index.read_text()).get("files", [])
+            except (OSError, ValueError, AttributeError):
+                earlier = []
+            for name in earlier:
+                if isinstance(name, str) and "/" not in name and not name.startswith("."):
+                    (self.out / name).unlink(missing_ok=True)
+
+    def _save(self, name: str, writer) -> None:
+        writer(self.out / name)
+        self.written.append(name)
 
     def add(self, mode: str, labels: list[int], results: list, names: list[str] | None) -> None:
         images = torch.cat([r.images for r in results])
@@ -73,9 +148,9 @@ class RunWriter:
         pictures = [p for r in results for p in r.pil_images()]
         for i, (img, label, s) in enumerate(zip(pictures, labels, stats)):
             name = names[label] if names else f"class{label}"
-            save_png(img, self.out / f"{mode}_{i:03d}_{name}.png")
+            self._save(f"{mode}_{i:03d}_{name}.png", lambda path, img=img: save_png(img, path))
             self.images.append({"mode": mode, "index": i, "class": label, "class_name": name, **s.to_dict()})
-        save_png(grid_image(images), self.out / f"{mode}_grid.png")
+        self._save(f"{mode}_grid.png", lambda path: save_png(grid_image(images), path))
         self.by_mode[mode] = stats
         self.tokens.append(tokens)
 
@@ -91,7 +166,8 @@ class RunWriter:
                         f"{agg['skipped_verifications'] / n:12.1f} {agg['mean_accept_length']:10.2f} "
                         f"{agg['seconds_per_image']:8.3f}")
         print("\n".join(rows))
-        print(f"backend {backend}; images and grids in {self.out}/")
+        print(f"backend {backend}; images and grids in {self.out}/"
+              + (f", statistics in {self.stats_json}" if self.stats_json else ""))
         if self.stats_json:
             payload = {"backend": backend, "images": self.images,
                        "aggregate": summary[next(iter(summary))] if len(summary) == 1 else summary}
@@ -103,3 +179,19 @@ class RunWriter:
                     np.save(f, arr)
 
             atomic_write(self.save_tokens, write)
+        index = {"files": self.written}
+        atomic_write(self.out / RUN_INDEX, lambda tmp: tmp.write_text(json.dumps(index, indent=1) + "\n"))
+        self.close()
+
+    def close(self) -> None:
+        self.lock.unlink(missing_ok=True)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

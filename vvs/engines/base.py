@@ -58,13 +58,17 @@ class EngineSet:
             buf.zero_()
         return buf
 
+    def check_options(self, opts) -> None:
+        """Options that fit this model and these graphs (:meth:`DecodeOptions.check_model`), and a LANTERN k
+        within the neighbour table an exported folder stores."""
+        opts.check_model(self.target.vocab_size, self.target.num_image_tokens, self.max_draft_top_k)
+        stored = None if self.neighbour_table is None or self.backend == "torch" else self.neighbour_table.shape[1]
+        if opts.relaxed and stored is not None and opts.lantern_k > stored:
+            raise OptionsError.bad("lantern_k", opts.lantern_k, f"the engine folder stores {stored} neighbours per "
+                                                                "code; re-export with a larger --lantern-k")
+
     def neighbours(self, k: int) -> torch.Tensor:
         """``[vocab, k]`` nearest codes of every code (LANTERN's proximity sets)."""
-        if k >= self.target.vocab_size:
-            raise OptionsError(f"option lantern_k={k}: must be below the vocabulary size {self.target.vocab_size}")
         if self.neighbour_table is None or self.neighbour_table.shape[1] < k:
-            if self.neighbour_table is not None and self.backend != "torch":
-                raise OptionsError(f"option lantern_k={k}: the engine folder stores {self.neighbour_table.shape[1]} "
-                               "neighbours per code; re-export with a larger --lantern-k")
             self.neighbour_table = nearest_codes(self.codebook, k).to(self.device)
         return self.neighbour_table[:, :k].long()

@@ -14,6 +14,7 @@ import onnx
 
 from vvs.errors import VVSError
 from vvs.export.spec import GraphSpec
+from vvs.runtime.options import DecodeOptions, OptionsError
 
 FORMAT = "vvs-engine-folder/1"
 MANIFEST = "manifest.json"
@@ -56,11 +57,30 @@ def read_manifest(folder: Path) -> dict:
     for key in ("model", "graphs", "files", "precision", "decoding_defaults"):
         if key not in manifest:
             raise EngineFolderError(f"{path}: has no {key!r} entry; re-export the folder")
+    if not isinstance(manifest["decoding_defaults"], dict):
+        raise EngineFolderError(f"{path}: decoding_defaults is not a mapping; fix the file or re-export the folder")
+    try:
+        DecodeOptions.from_dict(manifest["decoding_defaults"])
+    except OptionsError as err:
+        raise EngineFolderError(f"{path}: decoding_defaults: {err}; fix the file or re-export the folder") from None
     return manifest
 
 
+def referenced_files(manifest: dict) -> list[str]:
+    """Every file the manifest points at: graphs, tables, and the plans of each TensorRT flavour."""
+    names = [g["file"] for g in manifest["graphs"].values()] + [manifest.get("tables", {}).get("file", TABLES)]
+    for key in ("tensorrt", "tensorrt-rtx"):
+        names += [e["file"] for e in manifest.get(key, {}).get("engines", {}).values()]
+    return names
+
+
 def verify_files(folder: Path, manifest: dict, names: list[str] | None = None) -> None:
-    """Every listed file exists with the recorded size and sha256."""
+    """Every listed file exists with the recorded size and sha256; every file asked for (default: every file the
+    manifest points at) is listed."""
+    for name in names if names is not None else referenced_files(manifest):
+        if name not in manifest["files"]:
+            raise EngineFolderError(f"{Path(folder) / name}: not in the manifest's file list, so it cannot be "
+                                    "checked (edited manifest?); re-export the folder")
     for name, record in manifest["files"].items():
         if names is not None and name not in names:
             continue

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 import vvs
-from vvs.engines.manifest import CALIBRATION, FORMAT, MANIFEST, TABLES, TORCH_WEIGHTS, file_record
+from vvs.engines.manifest import CALIBRATION, FORMAT, MANIFEST, TABLES, TORCH_WEIGHTS, file_record, read_manifest
 from vvs.errors import VVSError
 from vvs.export.graphs import build_graphs
 from vvs.export.onnx_export import OPSET, export_graph
@@ -29,6 +29,7 @@ from vvs.export.spec import graph_specs
 from vvs.models.bundle import ModelBundle
 from vvs.models.layers import cast_floating
 from vvs.models.loading import save_model
+from vvs.output import process_alive
 from vvs.runtime.neighbours import nearest_codes
 from vvs.runtime.options import DecodeOptions
 
@@ -38,7 +39,7 @@ PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.float1
 
 def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", max_draft_top_k: int = 10,
                   neighbours: int | None = None, decoding_defaults: dict | None = None,
-                  extra_model_info: dict | None = None, progress: bool = True) -> dict:
+                  extra_model_info: dict | None = None, progress: bool = True, force: bool = False) -> dict:
     """Export ``bundle`` into ``out_dir``; returns the manifest. ``neighbours``: LANTERN neighbours stored per
     code (default: the decoding defaults' ``lantern_k``)."""
     if precision not in PRECISIONS:
@@ -48,13 +49,11 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
         raise VVSError(f"default draft_top_k={defaults.draft_top_k} exceeds max_draft_top_k={max_draft_top_k}")
     vocab = bundle.target.config.vocab_size
     k_nn = min(neighbours or defaults.lantern_k, vocab - 1)
-    out_dir = Path(out_dir)
-    parent = out_dir.resolve().parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise VVSError(f"{out_dir}: cannot write here (is {parent} an existing, writable folder?)")
-    if out_dir.exists() and not (out_dir / MANIFEST).is_file() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise VVSError(f"{out_dir}: exists and is not an engine folder; choose another --out")
-    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=parent))
+    out_dir = Path(out_dir).resolve()
+    check_out_dir(out_dir, force)
+    parent = out_dir.parent
+    remove_stale_work(parent, out_dir.name)
+    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.vvs-export-{os.getpid()}-", dir=parent))
     try:
         source = bundle  # what the torch backend will load (int8: the fp32 models plus the calibration)
         if PRECISIONS[precision] != torch.float32:
@@ -113,13 +112,54 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         _replace_dir(work, out_dir)
+    except OSError as err:  # a full disk, a folder that vanished: nothing was replaced
+        shutil.rmtree(work, ignore_errors=True)
+        raise VVSError(f"{out_dir}: export failed while writing ({err.strerror or err}); the folder was left as it "
+                       "was") from None
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return manifest
 
 
+def check_out_dir(out_dir: Path, force: bool) -> None:
+    """What may be at ``--out``: nothing, an empty folder, or (with ``force``) an engine folder. An export never
+    deletes what it did not create."""
+    parent = out_dir.parent
+    cwd = Path.cwd().resolve()
+    if out_dir == cwd or out_dir in cwd.parents:
+        raise VVSError(f"{out_dir}: is the folder vvs-export runs in (or holds it); choose a new --out, e.g. "
+                       "--out engines")
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise VVSError(f"{out_dir}: cannot write here (is {parent} an existing, writable folder?)")
+    if not out_dir.exists():
+        return
+    if out_dir.is_symlink() or not out_dir.is_dir():
+        raise VVSError(f"{out_dir}: exists and is not a folder; choose another --out")
+    if not any(out_dir.iterdir()):
+        return
+    try:
+        read_manifest(out_dir)
+    except VVSError:
+        raise VVSError(f"{out_dir}: exists and is not an engine folder; choose another --out") from None
+    if not force:
+        raise VVSError(f"{out_dir}: an engine folder is already there; pass --force to replace it")
+
+
+def remove_stale_work(parent: Path, name: str) -> None:
+    """Remove what exports into ``parent/name`` that were killed left behind (their process is gone)."""
+    for path in parent.glob(f".{name}.vvs-export-*"):
+        pid = path.name[len(f".{name}.vvs-export-"):].split("-")[0]
+        if pid.isdigit() and not process_alive(int(pid)) and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+    old = parent / f".{name}.old"
+    if old.is_dir() and (old / MANIFEST).is_file():
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def _replace_dir(new: Path, target: Path) -> None:
+    """Swap ``new`` into place: the old engine folder is renamed aside first and removed only once the new one is
+    in place."""
     if target.exists():
         old = target.with_name(f".{target.name}.old")
         shutil.rmtree(old, ignore_errors=True)

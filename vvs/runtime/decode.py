@@ -19,7 +19,7 @@ from vvs.engines.base import EngineSet
 from vvs.models.gpt import caption_causal_mask, causal_mask
 from vvs.runtime.accept import Relaxation, accept_draws, greedy_accept, sample_accept
 from vvs.runtime.cache import FeatureCache, KVCache, RowLayout, attention_mask, causal_within
-from vvs.runtime.options import DecodeOptions, OptionsError
+from vvs.runtime.options import DecodeOptions
 from vvs.runtime.random import ImageRandom
 from vvs.runtime.sampling import Processor, cfg_matrix, sample
 from vvs.runtime.skip import decide_skip, select_unverified
@@ -178,9 +178,6 @@ class Speculation:
 
     def __init__(self, d: Decoding):
         opts, e, n, dev = d.opts, d.engines, d.n, d.dev
-        if opts.draft_top_k > e.max_draft_top_k:
-            raise OptionsError(f"option draft_top_k={opts.draft_top_k}: the drafter graph returns at most "
-                               f"{e.max_draft_top_k} candidates per node")
         self.d, self.opts, self.n, self.dev = d, opts, n, dev
         self.relax = Relaxation(e.neighbours(opts.lantern_k), opts.lantern_delta) if opts.relaxed else None
         self.graph_inputs = {"cfg_mix": d.cfg_mix, **d.proc.graph_inputs()}

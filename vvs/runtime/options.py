@@ -5,16 +5,35 @@ validates them the same way as user input.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 
 from vvs.errors import VVSError
 
 MODES = ("ar", "sd", "lantern", "vvs")
 SKIP_POLICIES = ("uniform", "dynamic")
+# the names vvs-run and vvs-bench accept: a mode, or VVS with a chosen skip schedule
+MODE_NAMES = {
+    "ar": {"mode": "ar"},
+    "sd": {"mode": "sd"},
+    "lantern": {"mode": "lantern"},
+    "vvs": {"mode": "vvs"},
+    "vvs-uniform": {"mode": "vvs", "skip_policy": "uniform"},
+    "vvs-dynamic": {"mode": "vvs", "skip_policy": "dynamic"},
+}
 
 
 class OptionsError(VVSError):
-    pass
+    """A bad option value. ``option`` names the field (None for arguments that are not decoding options), so the
+    CLI can name the flag the user typed instead."""
+
+    def __init__(self, message: str, option: str | None = None, value=None, why: str | None = None):
+        super().__init__(message)
+        self.option, self.value, self.why = option, value, why
+
+    @classmethod
+    def bad(cls, option: str, value, why: str) -> "OptionsError":
+        return cls(f"option {option}={value!r}: {why}", option, value, why)
 
 
 @dataclass(frozen=True)
@@ -42,8 +61,22 @@ class DecodeOptions:
 
     def __post_init__(self):
         def bad(name, why):
-            raise OptionsError(f"option {name}={getattr(self, name)!r}: {why}")
+            raise OptionsError.bad(name, getattr(self, name), why)
 
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and not (isinstance(value, int) and not isinstance(value, bool)):
+                bad(f.name, "must be an integer")
+            if f.type == "float":
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    bad(f.name, "must be a number")
+                if not math.isfinite(value):
+                    bad(f.name, "must be a finite number")
+                object.__setattr__(self, f.name, float(value))
+            if f.type == "bool" and not isinstance(value, bool):
+                bad(f.name, "must be true or false")
+            if f.type == "str" and not isinstance(value, str):
+                bad(f.name, "must be a string")
         if self.mode not in MODES:
             bad("mode", f"unknown mode; choose one of {', '.join(MODES)}")
         if self.skip_policy not in SKIP_POLICIES:
@@ -78,6 +111,22 @@ class DecodeOptions:
         if self.skip_warmup_tokens < 0:
             bad("skip_warmup_tokens", "must be >= 0")
 
+    def check_model(self, vocab_size: int, image_tokens: int, max_draft_top_k: int) -> None:
+        """Bounds that come from the model and the exported graphs."""
+        def bad(name, why):
+            raise OptionsError.bad(name, getattr(self, name), why)
+
+        if self.top_k > vocab_size:
+            bad("top_k", f"exceeds the vocabulary of {vocab_size} codes (0 keeps them all)")
+        if not self.uses_drafter:
+            return
+        if self.draft_top_k > max_draft_top_k:
+            bad("draft_top_k", f"the drafter graph returns at most {max_draft_top_k} candidates per node")
+        if self.depth >= image_tokens:
+            bad("depth", f"must be below the image's {image_tokens} tokens (a deeper tree drafts past the image)")
+        if self.relaxed and self.lantern_k >= vocab_size:
+            bad("lantern_k", f"must be below the vocabulary size {vocab_size}")
+
     @property
     def guided(self) -> bool:
         return self.cfg_scale > 1.0
@@ -106,7 +155,8 @@ class DecodeOptions:
     def updated(self, **changes) -> "DecodeOptions":
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
-            raise OptionsError(f"unknown option(s): {', '.join(sorted(unknown))}")
+            raise OptionsError(f"unknown option(s): {', '.join(sorted(unknown))}; known: "
+                               f"{', '.join(f.name for f in fields(self))}")
         return replace(self, **changes)
 
     @classmethod

@@ -36,24 +36,17 @@ class Pipeline:
         self.engines = engines
         self.options = options or DecodeOptions.from_dict(engines.default_options)
 
-    def check_conditions(self, conditions: torch.Tensor, caption_mask: torch.Tensor | None) -> torch.Tensor:
+    def options_for(self, mode: str | None = None, **options) -> DecodeOptions:
+        """The pipeline's options with overrides, checked against the model (raises :class:`OptionsError`)."""
+        opts = self.options.updated(**({} if mode is None else {"mode": mode}), **options)
+        self.engines.check_options(opts)
+        return opts
+
+    def check_conditions(self, conditions, caption_mask) -> tuple[torch.Tensor, torch.Tensor | None]:
         cfg = self.engines.target
         if cfg.model_type == "c2i":
-            conditions = torch.as_tensor(conditions, dtype=torch.long).reshape(-1)
-            if conditions.numel() == 0:
-                raise OptionsError("conditions: no class ids given; pass at least one")
-            bad = conditions[(conditions < 0) | (conditions >= cfg.num_classes)]
-            if bad.numel():
-                raise OptionsError(f"class id {int(bad[0])} is out of range: the model has {cfg.num_classes} "
-                                   f"classes (0-{cfg.num_classes - 1})")
-            return conditions
-        conditions = torch.as_tensor(conditions, dtype=torch.float32)
-        if conditions.dim() != 3 or conditions.shape[1:] != (cfg.cls_token_num, cfg.caption_dim):
-            raise OptionsError(f"captions must be [n, {cfg.cls_token_num}, {cfg.caption_dim}] embeddings, got "
-                               f"{list(conditions.shape)}")
-        if caption_mask is None:
-            raise OptionsError("text-conditional generation needs caption_mask [n, C] (True for valid slots)")
-        return conditions
+            return class_ids(conditions, cfg.num_classes), None
+        return captions(conditions, caption_mask, cfg.cls_token_num, cfg.caption_dim)
 
     def generate(self, conditions, mode: str | None = None, seed: int | list[int] = 0, *, caption_mask=None,
                  decode_images: bool = True, **options) -> Generation:
@@ -63,8 +56,8 @@ class Pipeline:
         ``seed``: an int (image i gets ``seed + i``) or one per image. An image depends only on its condition, its
         seed and the options, never on the other images of the call: ``generate([a, b], seed=7)`` gives image
         ``b`` exactly as ``generate([b], seed=8)`` does."""
-        opts = self.options.updated(**({"mode": mode} if mode else {}), **options)
-        conditions = self.check_conditions(conditions, caption_mask)
+        opts = self.options_for(mode, **options)
+        conditions, caption_mask = self.check_conditions(conditions, caption_mask)
         seeds = image_seeds(seed, len(conditions))
         tokens, stats = generate_tokens(self.engines, conditions, opts, seeds, caption_mask)
         images, seconds = None, 0.0
@@ -78,3 +71,47 @@ class Pipeline:
         start = time.perf_counter()
         images = self.engines.graphs["vq_decode"].run(codes=tokens.to(self.engines.device))["image"]
         return images.float().cpu(), time.perf_counter() - start
+
+
+def class_ids(conditions, num_classes: int) -> torch.Tensor:
+    """``[n]`` int64 class ids from a list, tuple or integer tensor/array; anything else is an error."""
+    if isinstance(conditions, (torch.Tensor, np.ndarray)):
+        values = torch.as_tensor(conditions)
+        if values.dtype.is_floating_point or values.dtype in (torch.bool, torch.complex64, torch.complex128):
+            raise OptionsError(f"class ids must be integers, got a {values.dtype} tensor")
+        values = values.reshape(-1).long()
+    elif isinstance(conditions, (list, tuple)):
+        wrong = next((c for c in conditions if not isinstance(c, (int, np.integer)) or isinstance(c, bool)), None)
+        if wrong is not None:
+            raise OptionsError(f"class id {wrong!r} is not an integer; pass integer class ids")
+        values = torch.tensor([int(c) for c in conditions], dtype=torch.long)
+    else:
+        raise OptionsError(f"conditions must be a list or tensor of class ids, got {type(conditions).__name__}")
+    if values.numel() == 0:
+        raise OptionsError("conditions: no class ids given; pass at least one")
+    bad = values[(values < 0) | (values >= num_classes)]
+    if bad.numel():
+        raise OptionsError(f"class id {int(bad[0])} is out of range: the model has {num_classes} classes "
+                           f"(0-{num_classes - 1})")
+    return values
+
+
+def captions(conditions, caption_mask, slots: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded caption embeddings ``[n, slots, dim]`` and their mask ``[n, slots]`` (True = valid)."""
+    if not isinstance(conditions, (torch.Tensor, np.ndarray)):
+        raise OptionsError(f"captions must be a tensor [n, {slots}, {dim}], got {type(conditions).__name__}")
+    conditions = torch.as_tensor(conditions)
+    if not conditions.dtype.is_floating_point or conditions.dim() != 3 or conditions.shape[1:] != (slots, dim) \
+            or conditions.shape[0] == 0:
+        raise OptionsError(f"captions must be float embeddings [n >= 1, {slots}, {dim}], got {conditions.dtype} "
+                           f"{list(conditions.shape)}")
+    if not torch.isfinite(conditions).all():
+        raise OptionsError("captions contain NaN or infinite values")
+    if caption_mask is None:
+        raise OptionsError(f"text-conditional generation needs caption_mask [n, {slots}] (True for valid slots)")
+    mask = torch.as_tensor(caption_mask)
+    if mask.dtype != torch.bool or mask.shape != conditions.shape[:2]:
+        raise OptionsError(f"caption_mask must be bool {list(conditions.shape[:2])}, got {mask.dtype} {list(mask.shape)}")
+    if not mask.any(1).all():
+        raise OptionsError("caption_mask: every caption needs at least one valid slot")
+    return conditions.float(), mask

@@ -1,0 +1,301 @@
+"""Bad input, faults and leftovers: every case ends in a one-line error with exit code 2 (``OptionsError`` /
+``VVSError`` from the API), never a traceback, and never a changed file outside the output paths."""
+import hashlib
+import json
+import math
+import os
+import shutil
+from dataclasses import fields
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import run_cli
+from vvs.cli import bench_main, export_main, run_main
+from vvs.engines import load_engines
+from vvs.engines.manifest import EngineFolderError
+from vvs.errors import VVSError
+from vvs.export.exporter import export_folder
+from vvs.runtime.options import DecodeOptions, OptionsError
+from vvs.runtime.pipeline import Pipeline
+
+
+def snapshot(root) -> dict:
+    """Every file under ``root`` with its sha256 (symbolic links by their target)."""
+    files = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                files[path] = "link:" + os.readlink(path)
+            elif os.path.isfile(path):
+                files[path] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+            else:
+                files[path] = "special"
+    return files
+
+
+def one_line_error(code, err, prog):
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip() and "%|" not in line]
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture
+def folder(tiny_folder, tmp_path):
+    copy = tmp_path / "engines"
+    shutil.copytree(tiny_folder, copy)
+    return copy
+
+
+RUN_CASES = [
+    (["--cfg", "nan"], "option --cfg nan: must be a finite number"),
+    (["--cfg", "inf"], "option --cfg inf: must be a finite number"),
+    (["--temperature", "nan"], "option --temperature nan: must be a finite number"),
+    (["--temperature", "inf"], "option --temperature inf: must be a finite number"),
+    (["--lantern-delta", "nan"], "option --lantern-delta nan: must be a finite number"),
+    (["--lantern-delta", "inf"], "option --lantern-delta inf: must be a finite number"),
+    (["--top-k", "1e23"], "'1e23' is not a valid integer"),
+    (["--top-k", str(10**23)], f"option --top-k {10**23}: exceeds the vocabulary of 16 codes"),
+    (["--depth", "1000"], "option --depth 1000: must be below the image's 16 tokens"),
+    (["--num-images", "1000000000"], "--num-images"),
+    (["--class", "²"], "option --class '²': not a class id or name"),
+    (["--class", "1,x"], "option --class 'x': not a class id or name"),
+    (["--seed", str(2**64)], "option --seed"),
+    (["--seed", "1.5"], "option --seed '1.5'"),
+    (["--device", "tpu"], "option --device 'tpu': not a device vvs runs on; use cpu, cuda or cuda:N"),
+    (["--backend", "torch", "--device", "cuda"], "option --device cuda: no CUDA device is available here"),
+    (["--backend", "tensorrt"], "TensorRT plans run on an NVIDIA GPU and none is available here"),
+    (["--mode", "ar", "--mode", "sd", "--draft-top-k", "11"],
+     "option --draft-top-k 11: the drafter graph returns at most 10 candidates per node"),
+    (["--mode", ""], None),  # an empty value means "the default": not an error
+]
+
+
+@pytest.mark.parametrize("args,message", RUN_CASES)
+def test_vvs_run_bad_arguments(folder, tmp_path, capsys, monkeypatch, args, message):
+    if "cuda" in " ".join(args) and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "out"
+    before = snapshot(tmp_path)
+    code, _, err = run_cli(run_main, ["--engine", folder, "--out", out, "--class", "1", "--threads", "1", *args],
+                           capsys, monkeypatch)
+    if message is None:
+        assert code == 0, err
+        return
+    assert message in one_line_error(code, err, "vvs-run")
+    assert snapshot(tmp_path) == before, "a failed run changed files"
+    assert not out.exists() or not any(out.iterdir()), "nothing is written before the options are checked"
+
+
+def test_an_earlier_run_is_never_mixed_in(folder, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    base = ["--engine", folder, "--out", out, "--threads", "1", "--temperature", "0"]
+    assert run_cli(run_main, [*base, "--class", "1,2"], capsys, monkeypatch)[0] == 0
+    first = snapshot(out)
+    code, _, err = run_cli(run_main, [*base, "--class", "3"], capsys, monkeypatch)
+    assert "already holds files (an earlier run?); pass --overwrite" in one_line_error(code, err, "vvs-run")
+    assert snapshot(out) == first
+    (out / "notes.txt").write_text("mine")
+    assert run_cli(run_main, [*base, "--class", "3", "--overwrite"], capsys, monkeypatch)[0] == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [".vvs-run.json", "notes.txt", "vvs_000_class3.png", "vvs_grid.png"]  # run 1's files are gone
+
+
+def test_another_run_writing_to_the_same_folder_is_refused(folder, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".vvs-run.lock").write_text(str(os.getppid()))  # a live process holds it
+    code, _, err = run_cli(run_main, ["--engine", folder, "--out", out, "--class", "1", "--overwrite"], capsys,
+                           monkeypatch)
+    assert f"another vvs-run (pid {os.getppid()}) is writing there" in one_line_error(code, err, "vvs-run")
+    (out / ".vvs-run.lock").write_text("999999999")  # left by a killed run: taken over
+    code, _, err = run_cli(run_main, ["--engine", folder, "--out", out, "--class", "1", "--overwrite",
+                                      "--temperature", "0", "--threads", "1"], capsys, monkeypatch)
+    assert code == 0, err
+    assert not (out / ".vvs-run.lock").exists()
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "folder", "out"])
+def test_statistics_never_replace_what_is_not_a_regular_file(folder, tmp_path, capsys, monkeypatch, kind):
+    target = tmp_path / "real.json"
+    target.write_text("keep")
+    stats = tmp_path / "stats.json"
+    if kind == "symlink":
+        stats.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(stats)
+    elif kind == "folder":
+        stats.mkdir()
+    else:
+        stats = tmp_path / "out"
+    before = snapshot(tmp_path)
+    code, _, err = run_cli(run_main, ["--engine", folder, "--out", tmp_path / "out", "--class", "1",
+                                      "--stats-json", stats], capsys, monkeypatch)
+    assert "--stats-json" in one_line_error(code, err, "vvs-run")
+    assert snapshot(tmp_path) == before and target.read_text() == "keep"
+
+
+def test_a_graph_missing_from_the_file_list_is_refused(folder, capsys, monkeypatch):
+    manifest = json.loads((folder / "manifest.json").read_text())
+    del manifest["files"]["drafter_step.onnx"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(EngineFolderError, match="drafter_step.onnx: not in the manifest's file list"):
+        load_engines(folder, "onnxruntime")
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"cfg_scale": math.nan}, "decoding_defaults: option cfg_scale=nan: must be a finite number"),
+    ({"turbo": 1}, "decoding_defaults: unknown option(s): turbo"),
+    ({"top_k": "many"}, "decoding_defaults: option top_k='many': must be an integer"),
+])
+def test_a_bad_manifest_default_names_the_manifest(folder, tmp_path, capsys, monkeypatch, edit, message):
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["decoding_defaults"].update(edit)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = run_cli(run_main, ["--engine", folder, "--out", tmp_path / "out"], capsys, monkeypatch)
+    line = one_line_error(code, err, "vvs-run")
+    assert f"{folder / 'manifest.json'}: {message}" in line and "fix the file or re-export" in line
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--class", "1,x"], "option --class 'x': not a class id or name"),
+    (["--mode", "vvs,turbo"], "option --mode 'turbo': unknown"),
+    (["--cfg", "nan"], "option --cfg nan: must be a finite number"),
+    (["--num-seeds", "0"], "--num-seeds"),
+])
+def test_vvs_bench_bad_arguments(folder, tmp_path, capsys, monkeypatch, args, message):
+    code, _, err = run_cli(bench_main, ["--engine", folder, "--out", tmp_path / "b", "--num-images", "2", *args],
+                           capsys, monkeypatch)
+    assert message in one_line_error(code, err, "vvs-bench")
+
+
+def test_vvs_bench_needs_two_images_for_fid(folder, tmp_path, capsys, monkeypatch):
+    import vvs.bench
+
+    monkeypatch.setattr(vvs.bench, "load_instruments", lambda *a: object())  # as for the shipped model
+    code, _, err = run_cli(bench_main, ["--engine", folder, "--out", tmp_path / "b", "--num-images", "1"], capsys,
+                           monkeypatch)
+    assert "need at least 2 images per seed set" in one_line_error(code, err, "vvs-bench")
+
+
+# ---------------------------------------------------------------------- export
+
+
+def test_export_never_deletes_a_folder_that_only_looks_like_an_engine_folder(bundle_factory, tmp_path):
+    mine = tmp_path / "mine"
+    (mine / "photos").mkdir(parents=True)
+    (mine / "manifest.json").write_text('{"my": "notes"}')
+    (mine / "photos" / "a.jpg").write_bytes(b"x")
+    before = snapshot(tmp_path)
+    for force in (False, True):
+        with pytest.raises(VVSError, match="exists and is not an engine folder"):
+            export_folder(bundle_factory(), mine, progress=False, force=force)
+        assert snapshot(tmp_path) == before
+
+
+def test_export_replaces_an_engine_folder_only_with_force(bundle_factory, tiny_folder, tmp_path):
+    eng = tmp_path / "engines"
+    shutil.copytree(tiny_folder, eng)
+    with pytest.raises(VVSError, match="an engine folder is already there; pass --force to replace it"):
+        export_folder(bundle_factory(), eng, progress=False)
+    (eng / "extra.txt").write_text("x")
+    export_folder(bundle_factory(), eng, progress=False, force=True)
+    assert not (eng / "extra.txt").exists() and (eng / "manifest.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engines"]
+
+
+def test_export_into_the_current_folder_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "keep.txt").write_text("x")
+    code, _, err = run_cli(export_main, ["--out", "."], capsys, monkeypatch)
+    assert "is the folder vvs-export runs in" in one_line_error(code, err, "vvs-export")
+    assert (tmp_path / "keep.txt").read_text() == "x"
+
+
+def test_export_cleans_what_a_killed_export_left(bundle_factory, tmp_path):
+    stale = tmp_path / ".engines.vvs-export-999999999-abc"
+    stale.mkdir()
+    (stale / "target_verify.onnx").write_bytes(b"half")
+    export_folder(bundle_factory(), tmp_path / "engines", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engines"]
+
+
+def test_export_onto_a_full_disk_changes_nothing(bundle_factory, tiny_folder, tmp_path, monkeypatch):
+    import errno
+
+    import vvs.export.exporter as exporter
+
+    eng = tmp_path / "engines"
+    shutil.copytree(tiny_folder, eng)
+    before = snapshot(tmp_path)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(exporter, "save_file", full)
+    with pytest.raises(VVSError, match="export failed while writing \\(No space left on device\\); the folder was "
+                                       "left as it was"):
+        export_folder(bundle_factory(), eng, progress=False, force=True)
+    assert snapshot(tmp_path) == before
+
+
+# ---------------------------------------------------------------------- the Python API
+
+
+@pytest.mark.parametrize("conditions,options,message", [
+    ([], {}, "no class ids given"),
+    ("cat", {}, "conditions must be a list or tensor of class ids, got str"),
+    (None, {}, "got NoneType"),
+    ([2.9], {}, "class id 2.9 is not an integer"),
+    (torch.tensor([1.0]), {}, "class ids must be integers, got a torch.float32 tensor"),
+    ([True], {}, "class id True is not an integer"),
+    ([1], {"top_k": "5"}, "option top_k='5': must be an integer"),
+    ([1], {"temperature": math.nan}, "option temperature=nan: must be a finite number"),
+    ([1], {"mode": ""}, "option mode='': unknown mode"),
+    ([1], {"seed": 1.5}, "seed 1.5: seeds must be integers"),
+    ([1], {"seed": 2**70}, "seed 1180591620717411303424: seeds must be integers"),
+    ([1], {"seed": [1, 2]}, "got 2 seeds for 1 images"),
+    ([1], {"depth": 10**6}, "option depth=1000000: must be below the image's 16 tokens"),
+])
+def test_api_errors_are_options_errors(pipeline_factory, conditions, options, message):
+    pipe = pipeline_factory()
+    with pytest.raises(OptionsError) as err:
+        pipe.generate(conditions, decode_images=False, **options)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_api_rejects_bad_captions(pipeline_factory):
+    pipe = pipeline_factory(model_type="t2i")
+    good = torch.randn(1, 3, 8)
+    for captions, mask, message in [
+        (good, None, "needs caption_mask"),
+        (good, torch.ones(1, 3), "caption_mask must be bool"),
+        (good, torch.zeros(1, 3, dtype=torch.bool), "every caption needs at least one valid slot"),
+        (torch.randn(1, 3, 7), torch.ones(1, 3, dtype=torch.bool), "captions must be float embeddings [n >= 1, 3, 8]"),
+        (torch.full((1, 3, 8), math.nan), torch.ones(1, 3, dtype=torch.bool), "NaN or infinite"),
+    ]:
+        with pytest.raises(OptionsError, match=message.replace("[", "\\[").replace("]", "\\]")):
+            pipe.generate(captions, caption_mask=mask, decode_images=False)
+
+
+def test_pipeline_of_a_folder_checks_lantern_k_against_the_stored_table(folder):
+    pipe = Pipeline(load_engines(folder, "onnxruntime", threads=1))
+    stored = json.loads((folder / "manifest.json").read_text())["tables"]["neighbours_per_code"]
+    with pytest.raises(OptionsError, match=f"the engine folder stores {stored} neighbours per code"):
+        pipe.generate([1], mode="lantern", lantern_k=stored + 1, decode_images=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(field=st.sampled_from([f.name for f in fields(DecodeOptions)]),
+       value=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**30, 10**30), st.text(max_size=5),
+                       st.none(), st.booleans(), st.lists(st.integers(), max_size=2)))
+def test_any_option_value_is_taken_or_refused_in_one_line(field, value):
+    try:
+        DecodeOptions(**{field: value})
+    except OptionsError as err:
+        assert str(err).startswith("option ") and "\n" not in str(err)  # cross-field checks may name another
