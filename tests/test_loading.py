@@ -239,7 +239,7 @@ def test_cli_reports_bad_checkpoint_in_one_line_with_exit_2(tmp_path):
     path.write_bytes(b"not a checkpoint at all")
     proc = subprocess.run(
         [sys.executable, "-c", "from vvs.cli import export_main; export_main()",
-         "--checkpoint", str(path), "--config", "GPT-tiny"],
+         "--checkpoint", str(path), "--config", "GPT-tiny", "--out", str(tmp_path / "engines")],
         capture_output=True, text=True,
     )
     assert proc.returncode == 2
