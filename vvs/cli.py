@@ -216,6 +216,16 @@ def mode_option(default: str):
                              f"repeat or comma-separate to compare on the same classes and seeds. Default: {default}.")
 
 
+def engine_options(fn):
+    """--engine, --backend, --device: which folder, and how to run it."""
+    fn = click.option("--device", default=None, help="cpu, cuda or cuda:N (default: what the backend finds).")(fn)
+    fn = click.option("--backend", type=click.Choice(["auto", "onnxruntime", "torch", "tensorrt", "tensorrt-rtx"]),
+                      default="auto", show_default=True,
+                      help="auto: TensorRT plans when built and installed, else ONNX Runtime.")(fn)
+    return click.option("--engine", "engine_dir", type=click.Path(), default="engines", show_default=True,
+                        help="Engine folder.")(fn)
+
+
 class_option = click.option("--class", "classes", multiple=True,
                             help="Class id or name; repeat or comma-separate. Default: every class in turn.")
 num_images_option = click.option("--num-images", type=click.IntRange(1, MAX_IMAGES), default=None,
@@ -225,10 +235,7 @@ num_images_option = click.option("--num-images", type=click.IntRange(1, MAX_IMAG
 @click.command(help="Generate images from an engine folder and report decoding statistics. Modes: ar (vanilla), "
                     "sd (EAGLE-2 speculative decoding), lantern (relaxed acceptance), vvs (verification skipping). "
                     "Defaults come from the folder's manifest.")
-@click.option("--engine", "engine_dir", type=click.Path(), default="engines", show_default=True, help="Engine folder.")
-@click.option("--backend", type=click.Choice(["auto", "onnxruntime", "torch", "tensorrt", "tensorrt-rtx"]),
-              default="auto", show_default=True, help="auto: TensorRT plans when built and installed, else ONNX Runtime.")
-@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: what the backend finds).")
+@engine_options
 @mode_option("the folder's default mode")
 @class_option
 @num_images_option
@@ -307,10 +314,7 @@ def run_main():
                     "for the shipped model class accuracy, domain FID and NLL with AR's seed-to-seed spread. "
                     "Writes results.json, table.md, pareto.png and sample grids. --tune picks the tree and skip "
                     "interval fastest on this machine and stores them as the engine folder's defaults.")
-@click.option("--engine", "engine_dir", type=click.Path(), default="engines", show_default=True, help="Engine folder.")
-@click.option("--backend", type=click.Choice(["auto", "onnxruntime", "torch", "tensorrt", "tensorrt-rtx"]),
-              default="auto", show_default=True, help="auto: TensorRT plans when built and installed, else ONNX Runtime.")
-@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: what the backend finds).")
+@engine_options
 @mode_option("ar,sd,lantern,vvs-uniform,vvs-dynamic")
 @class_option
 @num_images_option

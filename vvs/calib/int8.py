@@ -69,7 +69,8 @@ class QDQLinear(nn.Module):
 def calibration_tokens(bundle: ModelBundle, num: int, seed: int, cfg_scale: float = 3.0):
     """``num`` sequences sampled from the target itself (AR with guidance), classes spread evenly."""
     labels = torch.arange(num) % bundle.target.config.num_classes
-    return labels, sample_ar(bundle.target, labels, cfg_scale, generator=torch.Generator().manual_seed(seed))
+    return labels, sample_ar(bundle.target, labels, cfg_scale, generator=torch.Generator().manual_seed(seed),
+                             progress="calibrate")
 
 
 @torch.no_grad()

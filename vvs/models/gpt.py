@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from vvs.models.layers import RMSNorm, apply_rope, attend, ffn_hidden_size, pair_swap, rope_2d_table, rope_factors
 
@@ -267,17 +268,18 @@ def caption_causal_mask(caption_mask: torch.Tensor, length: int) -> torch.Tensor
 
 @torch.no_grad()
 def sample_ar(model: GPT, condition: torch.Tensor, cfg_scale: float = 1.0, temperature: float = 1.0,
-              generator: torch.Generator | None = None) -> torch.Tensor:
+              generator: torch.Generator | None = None, progress: str | None = None) -> torch.Tensor:
     """Plain ancestral sampling with an explicit KV cache, one image per condition (class ids, or captions without
-    padding): ``[n, N]`` tokens. The model-level reference (calibration data, tests); serving goes through
-    :mod:`vvs.runtime`."""
+    padding): ``[n, N]`` tokens; ``progress`` labels a progress bar. The model-level reference (calibration data,
+    tests); serving goes through :mod:`vvs.runtime`."""
     n, c = condition.shape[0], model.config.cls_token_num
     guided = cfg_scale > 1.0
     cond = torch.cat([condition, model.null_condition(n)]) if guided else condition
     rows = cond.shape[0]
     out = model(condition=cond, position_ids=torch.arange(c).expand(rows, -1), mask=causal_mask(c))
     kv, logits, tokens = out.new_kv, out.logits[:, -1], []
-    for i in range(model.config.num_image_tokens):
+    steps = range(model.config.num_image_tokens)
+    for i in steps if progress is None else tqdm(steps, desc=progress, unit="token", leave=False, dynamic_ncols=True):
         if guided:
             logits = logits[n:] + cfg_scale * (logits[:n] - logits[n:])
         token = torch.multinomial(torch.softmax(logits / max(temperature, 1e-5), -1), 1, generator=generator)
