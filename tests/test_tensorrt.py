@@ -86,10 +86,12 @@ def runnable(built, tmp_path, monkeypatch):
     return folder
 
 
+FP32_ONLY = pytest.mark.parametrize("built", ["fp32"], indirect=True)  # one precision is enough for the runtime logic
+
+
+@FP32_ONLY
 @pytest.mark.parametrize("mode", ["ar", "sd", "vvs"])
 def test_backend_tokens_equal_onnxruntime(runnable, mode):
-    if read_manifest(runnable)["precision"] != "fp32":
-        pytest.skip("one precision is enough for the binding logic")
     fake_tensorrt.calls.clear()
     engines = load_tensorrt(runnable, "cpu", backend="tensorrt-rtx", trt=fake_tensorrt)
     opts = dict(mode=mode, temperature=0, cfg_scale=2.0, skip_interval=2)
@@ -104,6 +106,7 @@ def test_backend_tokens_equal_onnxruntime(runnable, mode):
     assert (runnable / "tensorrt-rtx" / "runtime.cache").read_bytes().endswith(b"+specialised")
 
 
+@FP32_ONLY
 def test_wrong_flavour_or_version_says_rebuild(runnable, monkeypatch):
     with pytest.raises(EngineFolderError) as err:
         load_tensorrt(runnable, "cpu", backend="tensorrt", trt=fake_tensorrt)
@@ -114,6 +117,7 @@ def test_wrong_flavour_or_version_says_rebuild(runnable, monkeypatch):
     assert f"built with TensorRT-RTX {trt.__version__} but 9.9.9 is installed; rebuild them" in str(err.value)
 
 
+@FP32_ONLY
 def test_a_plan_from_elsewhere_is_refused(runnable):
     manifest = read_manifest(runnable)
     entry = manifest["tensorrt-rtx"]["engines"]["vq_decode"]
