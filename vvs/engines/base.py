@@ -7,6 +7,7 @@ runtime's control logic is the same code for every backend.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -39,7 +40,8 @@ class EngineSet:
     null_condition: torch.Tensor | None = None  # t2i: the unconditional caption [C, caption_dim]
     neighbour_table: torch.Tensor | None = None  # [vocab, K] nearest codes, precomputed by the exporter
     default_options: dict = field(default_factory=dict)
-    buffers: dict = field(default_factory=dict, repr=False)
+    buffers: dict = field(default_factory=dict, repr=False)  # (name, shape) -> free cache buffers
+    buffer_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     on_close: list = field(default_factory=list, repr=False)  # callables that persist state (TensorRT-RTX's cache)
 
     def close(self) -> None:
@@ -47,16 +49,27 @@ class EngineSet:
         for fn in self.on_close:
             fn()
 
-    def cache_buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """A zeroed cache buffer that keeps its address across ``generate`` calls of the same shape (CUDA graphs
-        and TensorRT bind addresses). One generation at a time per EngineSet."""
+    def cache_buffer(self, name: str, shape: tuple[int, ...], owner: list) -> torch.Tensor:
+        """A zeroed cache buffer for one generation, appended to ``owner`` until :meth:`release`. Released buffers
+        are reused, so addresses stay the same from one generation to the next (CUDA graphs and TensorRT bind
+        them), and concurrent generations never share one."""
         key = (name, tuple(shape))
-        buf = self.buffers.get(key)
+        with self.buffer_lock:
+            free = self.buffers.setdefault(key, [])
+            buf = free.pop() if free else None
         if buf is None:
-            buf = self.buffers[key] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            buf = torch.zeros(shape, dtype=self.dtype, device=self.device)
         else:
             buf.zero_()
+        owner.append((key, buf))
         return buf
+
+    def release(self, owner: list) -> None:
+        """Return a generation's buffers to the pool."""
+        with self.buffer_lock:
+            for key, buf in owner:
+                self.buffers.setdefault(key, []).append(buf)
+        owner.clear()
 
     def check_options(self, opts) -> None:
         """Options that fit this model and these graphs (:meth:`DecodeOptions.check_model`), and a LANTERN k

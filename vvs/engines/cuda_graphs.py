@@ -1,12 +1,15 @@
 """CUDA graphs: capture each graph once per shape bucket and replay it.
 
 Static input buffers are filled with ``copy_`` before every replay; the KV buffer is bound in place (its address
-is part of the capture key, and the runtime reuses one buffer per shape through ``EngineSet.cache_buffer``).
+is part of the capture key, and the runtime reuses pooled buffers through ``EngineSet.cache_buffer``). The static
+inputs are shared, so one replay runs at a time (a lock), whatever the number of threads.
 Capture follows the rules of the CUDA graph guide: an eager warm-up run on a side stream first, no host sync
 inside, one graph per (shapes, cache address). Works for any engine whose ``run`` only enqueues GPU work: the
 torch modules, and TensorRT's ``execute_async_v3``.
 """
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -19,6 +22,7 @@ class GraphedEngine:
     def __init__(self, inner):
         self.inner, self.spec = inner, inner.spec
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, dict, dict]] = {}
+        self.lock = threading.Lock()
 
     def key(self, inputs: dict[str, torch.Tensor]) -> tuple:
         kv = inputs.get("past_kv")
@@ -38,14 +42,15 @@ class GraphedEngine:
 
     def run(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         key = self.key(inputs)
-        if key not in self.graphs:
-            self.graphs[key] = self.capture(inputs)
-        graph, static, outputs = self.graphs[key]
-        for name, value in inputs.items():
-            if name != "past_kv":
-                static[name].copy_(value)
-        graph.replay()
-        return {name: value.clone() for name, value in outputs.items()}
+        with self.lock:
+            if key not in self.graphs:
+                self.graphs[key] = self.capture(inputs)
+            graph, static, outputs = self.graphs[key]
+            for name, value in inputs.items():
+                if name != "past_kv":
+                    static[name].copy_(value)
+            graph.replay()
+            return {name: value.clone() for name, value in outputs.items()}
 
 
 def capture_graphs(engines: EngineSet, options: DecodeOptions | None = None) -> EngineSet:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -66,6 +67,7 @@ class TrtEngine:
     def __init__(self, engine, spec: GraphSpec, profiles: list[dict], device: torch.device, runtime_config=None):
         self.spec, self.device = spec, device
         self.engine = engine
+        self.lock = threading.Lock()
         self.contexts = []
         self.news = []
         stream = self._stream()
@@ -89,6 +91,10 @@ class TrtEngine:
                                     f"(built for {self.news}); rebuild the engines") from None
 
     def run(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        with self.lock:  # a context holds one set of shapes and addresses at a time
+            return self._run(inputs)
+
+    def _run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         dims = self.spec.check_inputs(inputs)
         ctx = self.context_for(inputs["input_ids"].shape[1] if "input_ids" in inputs else None)
         keep = []

@@ -44,8 +44,9 @@ class Decoding:
         self.C, self.N = cfg.cls_token_num, cfg.num_image_tokens
         self.slack = 2 * opts.max_path_tokens  # room for a chain and a path committed past the last token
         self.capacity = self.C + self.N + self.slack
+        self.leases: list = []  # this generation's cache buffers, returned to the engine set afterwards
         self.kv = KVCache(self.layout, engines.cache_buffer(
-            "target_kv", (cfg.n_layer, 2, self.layout.rows, cfg.n_head, self.capacity, cfg.head_dim)))
+            "target_kv", (cfg.n_layer, 2, self.layout.rows, cfg.n_head, self.capacity, cfg.head_dim), self.leases))
         self.caption_mask = None if caption_mask is None else caption_mask.to(self.dev)
         if self.caption_mask is not None:  # padded caption slots stay invisible to every later query
             self.kv.blocked[:, : self.C] = ~self.caption_mask
@@ -117,7 +118,7 @@ class Decoding:
         if kv is None:  # one buffer per subset size keeps addresses fixed (CUDA graphs, TensorRT)
             shape = list(self.kv.kv.shape)
             shape[2] = sub.rows
-            kv = self.subset_kv[m] = self.engines.cache_buffer(f"target_kv_subset{m}", tuple(shape))
+            kv = self.subset_kv[m] = self.engines.cache_buffer(f"target_kv_subset{m}", tuple(shape), self.leases)
         torch.index_select(self.kv.kv, 2, rows, out=kv)
         out = self.engines.graphs["target_verify"].run(
             input_ids=sub.expand(new_ids[images]), position_ids=sub.expand(positions[images]),
@@ -182,7 +183,7 @@ class Speculation:
         self.relax = Relaxation(e.neighbours(opts.lantern_k), opts.lantern_delta) if opts.relaxed else None
         self.graph_inputs = {"cfg_mix": d.cfg_mix, **d.proc.graph_inputs()}
         drafter_kv = e.cache_buffer("drafter_kv", (e.drafter_layers, 2, d.layout.rows, d.cfg.n_head,
-                                                   d.capacity + opts.depth * opts.draft_top_k, d.cfg.head_dim))
+                                                   d.capacity + opts.depth * opts.draft_top_k, d.cfg.head_dim), d.leases)
         self.drafter = TreeDrafter(e.graphs["drafter_step"], d.layout, drafter_kv, d.capacity, opts.depth,
                                    opts.draft_top_k, d.max_position())
         self.width = opts.max_path_tokens  # widest chain, path, or drafter update
@@ -334,4 +335,7 @@ def generate_tokens(engines: EngineSet, conditions: torch.Tensor, opts: DecodeOp
     """Decode one batch. ``conditions``: class ids ``[n]`` or left-padded captions ``[n, C, caption_dim]`` with
     ``caption_mask [n, C]`` (True = valid); ``seeds``: one per image. Returns ``(tokens [n, N], [ImageStats] * n)``."""
     d = Decoding(engines, conditions, opts, seeds, caption_mask)
-    return decode_ar(d) if opts.mode == "ar" else decode_speculative(d)
+    try:
+        return decode_ar(d) if opts.mode == "ar" else decode_speculative(d)
+    finally:
+        engines.release(d.leases)
