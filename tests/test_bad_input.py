@@ -299,3 +299,15 @@ def test_any_option_value_is_taken_or_refused_in_one_line(field, value):
         DecodeOptions(**{field: value})
     except OptionsError as err:
         assert str(err).startswith("option ") and "\n" not in str(err)  # cross-field checks may name another
+
+
+def test_tune_refuses_a_folder_it_could_not_save_to_before_tuning(folder, tmp_path, capsys, monkeypatch):
+    """Root can write anywhere, so the read-only manifest is simulated; the check must come before the tuning."""
+    import vvs.tune
+
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if str(path).endswith("manifest.json") and
+                        mode == os.W_OK else real_access(path, mode))
+    monkeypatch.setattr(vvs.tune, "tune", lambda *a, **k: pytest.fail("tuned before checking the folder"))
+    code, _, err = run_cli(bench_main, ["--engine", folder, "--out", tmp_path / "b", "--tune"], capsys, monkeypatch)
+    assert "option --tune: " in one_line_error(code, err, "vvs-bench") and "is not writable" in err
