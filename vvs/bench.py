@@ -12,7 +12,6 @@ import json
 import os
 import platform
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from tqdm import tqdm
 
 from vvs.errors import VVSError
 from vvs.output import atomic_write, grid_image, save_png
-from vvs.runtime.options import MODE_NAMES, DecodeOptions
+from vvs.runtime.options import MODE_NAMES
 from vvs.runtime.pipeline import Pipeline
 from vvs.runtime.stats import aggregate
 
@@ -107,7 +106,6 @@ def run_benchmark(pipe: Pipeline, settings: list[Setting], classes: list[int], s
         order = settings[seed % len(settings):] + settings[: seed % len(settings)]
         for s in order:
             bar.set_postfix_str(f"seed {seed} {s.label}")
-            start = time.perf_counter()
             tokens, images, stats = [], [], []
             for i in range(0, len(labels), batch_size):
                 g = pipe.generate(labels[i : i + batch_size], seed=base_seed + seed * 1000 + i, **s.overrides)

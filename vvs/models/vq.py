@@ -6,7 +6,7 @@ tokenizer (the shipped one) uses the same code.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 import torch
