@@ -1,6 +1,6 @@
 """What a skipped verification saves at batch > 1 (for docs/performance.md).
 
-Usage: python bench/batch_skips.py --engine engines [--batches 1,4,8] [--images 8] [--modes ar,vvs] [--threads 2]
+Usage: python bench/batch_skips.py --engine engines [--batches 1,4,8] [--images 8] [--mode ar,vvs] [--threads 2]
 
 Decodes the same ``--images`` classes and seeds at each batch size and reports, per image: target row-forwards
 (the verify forwards its rows took part in), the batch's verify calls (what each image would cost if skipping
@@ -40,7 +40,7 @@ def main():
     parser.add_argument("--backend", default="onnxruntime")
     parser.add_argument("--batches", default="1,4,8")
     parser.add_argument("--images", type=int, default=8)
-    parser.add_argument("--modes", default="ar,vvs")
+    parser.add_argument("--mode", default="ar,vvs")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     engines = load_engines(args.engine, args.backend, threads=args.threads)
@@ -54,7 +54,7 @@ def main():
           "images differing from batch 1 |")
     print("|---|---|---|---|---|---|---|")
     reference = {}
-    for mode in args.modes.split(","):
+    for mode in args.mode.split(","):
         for batch in map(int, args.batches.split(",")):
             counter.calls = counter.rows = 0
             tokens, stats, calls = [], [], 0
