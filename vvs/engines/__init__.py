@@ -28,7 +28,6 @@ def load_engines(folder: str | Path, backend: str = "auto", device: str | None =
         if device is None and not torch.cuda.is_available():
             raise VVSError(f"--backend {backend}: TensorRT plans run on an NVIDIA GPU and none is available here; "
                            "use --backend onnxruntime")
-
         return load_tensorrt(folder, device or "cuda", cuda_graphs=cuda_graphs, backend=backend)
     if backend == "torch":
         from vvs.engines.torch_backend import load_torch_folder

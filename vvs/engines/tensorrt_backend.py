@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
-import os
 import threading
 from pathlib import Path
 
@@ -22,7 +21,9 @@ from vvs.engines.base import GRAPHS, EngineSet
 from vvs.engines.buckets import BucketedEngine
 from vvs.engines.tensorrt_build import FLAVOURS, RUNTIME_CACHE, flavour, import_flavour
 from vvs.engines.manifest import EngineFolderError, engine_set, graph_spec, read_manifest, verify_files
+from vvs.errors import VVSError
 from vvs.export.spec import GraphSpec
+from vvs.output import atomic_write
 
 
 def ready_flavour(folder: str | Path) -> str | None:
@@ -55,12 +56,11 @@ class RuntimeCache:
     def save(self) -> None:
         if self.cache is None:
             return
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        blob = bytes(self.cache.serialize())
         try:
-            tmp.write_bytes(bytes(self.cache.serialize()))
-            os.replace(tmp, self.path)
-        except OSError:  # a read-only engine folder only loses the speed-up of the next load
-            tmp.unlink(missing_ok=True)
+            atomic_write(self.path, lambda tmp: tmp.write_bytes(blob))
+        except VVSError:  # a read-only engine folder only loses the speed-up of the next load
+            pass
 
 
 class TrtEngine:

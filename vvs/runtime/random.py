@@ -2,7 +2,7 @@
 
 Image ``i`` of a call owns one ``torch.Generator`` seeded with ``seeds[i]``. Every decoding step takes a block
 of uniforms of one fixed size from each image's stream, whatever happens to the others; the samplers then
-consume them by position (the j-th tried child of level l reads entry ``l * width + j``). An image's stream
+consume them by position (see :func:`vvs.runtime.accept.sample_accept`). An image's stream
 advances by the same amount per step of its own, so "same request + same seed" gives the same image in any
 batch, and a service may merge requests freely.
 """

@@ -56,7 +56,7 @@ def decide_skip(opts: DecodeOptions, tree: DraftTree, cycle, tokens_done, last_s
 
 
 def select_unverified(tree: DraftTree, width: int, u: torch.Tensor):
-    """Pick a random leaf path (``u [n]``: one uniform in (0, 1] per image) and truncate it. Returns
+    """Pick a random leaf path (``u [n]``: one uniform in [0, 1) per image) and truncate it. Returns
     ``(path [n, width], a [n], next_root [n])``: ``path`` holds the picked path's tokens (root first),
     ``path[i, :a[i]]`` are committed without verification."""
     n = tree.tokens.shape[0]
