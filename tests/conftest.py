@@ -52,8 +52,8 @@ def bundle_factory(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def pipeline_factory(bundle_factory):
-    def make(**kwargs) -> Pipeline:
-        return Pipeline(torch_engines(bundle_factory(**kwargs)), DecodeOptions(**SMALL))
+    def make(max_batch: int = 16, **kwargs) -> Pipeline:
+        return Pipeline(torch_engines(bundle_factory(**kwargs)), DecodeOptions(**SMALL), max_batch=max_batch)
 
     return make
 

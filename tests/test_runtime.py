@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from vvs.runtime.decode import Decoding, decode_speculative
+from vvs.runtime.decode import Decoding, Speculation, run
 from vvs.runtime.options import OptionsError
 from vvs.runtime.pipeline import Pipeline
 from vvs.runtime.sampling import Processor, cfg_matrix, mix
@@ -65,7 +65,7 @@ def test_sd_sampling_matches_target_distribution(pipeline_factory):
     """Every position's empirical distribution must match the target's exact conditionals (chi-square at
     the 99.99% quantile; the fixed seed makes the outcome deterministic). LANTERN, lossy by design, must fail
     the same check: the bound has the power to see a wrong sampler."""
-    pipe = pipeline_factory(grid=2)
+    pipe = pipeline_factory(grid=2, max_batch=1500)  # one batch: the statistics need many images, not joins
     labels = torch.full((1500,), 2)
     opts = dict(temperature=4.0, cfg_scale=2.0, decode_images=False)
     sd = pipe.generate(labels, mode="sd", seed=0, **opts)
@@ -111,7 +111,7 @@ def test_kv_cache_after_decoding_equals_plain_decoding(pipe, mode, options):
     opts = pipe.options.updated(mode=mode, temperature=1.0, cfg_scale=2.0, **options)
     classes = torch.tensor([2, 6])
     d = Decoding(pipe.engines, classes, opts, seeds=[3, 4])
-    decode_speculative(d)
+    run(Speculation(d))
     target = pipe.engines.graphs["target_verify"].module.target
     c = target.config.cls_token_num
     for i in range(2):

@@ -269,7 +269,7 @@ def run_cmd(engine_dir, backend, device, modes, classes, num_images, batch_size,
     labels = resolve_classes(classes, names, target["num_classes"], num_images or (len(split_values(classes)) or 4))
     seeds = resolve_seeds(seed, len(labels))
     engines = load_engines(engine_dir, backend, device, threads)
-    pipe = Pipeline(engines)
+    pipe = Pipeline(engines, max_batch=batch_size)
     overrides = {k: v for k, v in decoding.items() if v is not None}
     modes = modes or [pipe.options.mode]
     for mode in modes:  # every mode's options are checked before the first image
@@ -354,7 +354,7 @@ def bench_cmd(engine_dir, backend, device, modes, classes, num_images, seed, num
                              parse_sweep(sweep))
     engines = load_engines(engine_dir, backend, device, threads)
     overrides = {k: v for k, v in decoding.items() if v is not None}
-    pipe = Pipeline(engines)
+    pipe = Pipeline(engines, max_batch=batch_size)
     pipe.options = pipe.options_for(**overrides)
     labels = labels[:num_images]
     if tune:

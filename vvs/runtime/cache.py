@@ -32,6 +32,15 @@ class RowLayout:
         return torch.cat([images + g * self.n for g in range(self.groups)])
 
 
+def gather_rows(parts: list[tuple[torch.Tensor, RowLayout, torch.Tensor]], dim: int,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """The rows (axis ``dim``) of the chosen images of several batches ``(tensor, layout, images)``, in the row
+    layout of one batch of all of them: every conditional row, then every unconditional one."""
+    groups = parts[0][1].groups
+    pieces = [t.index_select(dim, images + g * layout.n) for g in range(groups) for t, layout, images in parts]
+    return torch.cat(pieces, dim, out=out)
+
+
 class KVCache:
     """``kv [layers, 2, rows, heads, capacity, head_dim]`` (a zeroed buffer the caller provides) plus the
     committed length of each image."""
@@ -42,6 +51,15 @@ class KVCache:
         self.capacity = kv.shape[4]
         self.length = torch.zeros(layout.n, dtype=torch.long, device=kv.device)
         self.blocked = torch.zeros(layout.n, self.capacity, dtype=torch.bool, device=kv.device)  # caption padding
+
+    @classmethod
+    def combine(cls, layout: RowLayout, kv: torch.Tensor, parts: list[tuple["KVCache", torch.Tensor]]) -> "KVCache":
+        """The chosen images of several caches, copied into the buffer ``kv`` (rows for ``layout``)."""
+        gather_rows([(p.kv, p.layout, images) for p, images in parts], 2, out=kv)
+        cache = cls(layout, kv)
+        cache.length = torch.cat([p.length[images] for p, images in parts])
+        cache.blocked = torch.cat([p.blocked[images] for p, images in parts])
+        return cache
 
     def write(self, new_kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, valid: torch.Tensor) -> None:
         """Copy ``new_kv[..., row, :, src[i, j], :]`` to slot ``dst[i, j]`` of image i's rows where ``valid[i, j]``."""
@@ -88,6 +106,14 @@ class FeatureCache:
         self.layout = layout
         self.features = torch.zeros(layout.rows, capacity, dim, dtype=dtype, device=device)
         self.length = torch.zeros(layout.n, dtype=torch.long, device=device)
+
+    @classmethod
+    def combine(cls, layout: RowLayout, parts: list[tuple["FeatureCache", torch.Tensor]]) -> "FeatureCache":
+        cache = cls.__new__(cls)
+        cache.layout = layout
+        cache.features = gather_rows([(p.features, p.layout, images) for p, images in parts], 0)
+        cache.length = torch.cat([p.length[images] for p, images in parts])
+        return cache
 
     def append(self, hidden: torch.Tensor, src: torch.Tensor, count: torch.Tensor) -> None:
         """Append ``hidden[row, src[i, j]]`` for ``j < count[i]``."""

@@ -10,6 +10,9 @@ One speculative cycle, for every image of the batch at once::
 Positions: condition slots are ``0 … C-1`` and image token ``i`` sits at ``C + i``. ``count[i]`` image tokens of
 image i are committed (the last ``chain_len[i]`` of them unverified, not yet in the target cache); the root, the
 next token, sits at ``C + count[i]``. An image is done once ``count + 1 >= N``.
+
+Continuous batching: every per-image tensor and cache row moves with its image, so ``combine`` can take any
+images of several batches (same options) into one batch at a cycle boundary, and each keeps its exact state.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import torch
 from vvs.engines.base import EngineSet
 from vvs.models.gpt import caption_causal_mask, causal_mask
 from vvs.runtime.accept import Relaxation, accept_draws, greedy_accept, sample_accept
-from vvs.runtime.cache import FeatureCache, KVCache, RowLayout, attention_mask, causal_within
+from vvs.runtime.cache import FeatureCache, KVCache, RowLayout, attention_mask, causal_within, gather_rows
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.random import ImageRandom
 from vvs.runtime.sampling import Processor, cfg_matrix, sample
@@ -32,21 +35,11 @@ class Decoding:
 
     def __init__(self, engines: EngineSet, conditions: torch.Tensor, opts: DecodeOptions, seeds: list[int],
                  caption_mask: torch.Tensor | None = None):
-        cfg = engines.target
-        self.engines, self.opts, self.cfg = engines, opts, cfg
-        self.dev = engines.device
-        self.n = conditions.shape[0]
-        self.layout = RowLayout(self.n, guided=opts.guided)
-        self.cfg_mix = cfg_matrix(self.n, opts.cfg_scale, device=self.dev)
-        self.proc = Processor(opts.temperature, opts.top_k, opts.top_p, device=self.dev)
+        self._setup(engines, opts, conditions.shape[0])
+        cfg = self.cfg
         self.random = ImageRandom(seeds, self.dev)
         self.conditions = conditions.to(self.dev)
-        self.C, self.N = cfg.cls_token_num, cfg.num_image_tokens
-        self.slack = 2 * opts.max_path_tokens  # room for a chain and a path committed past the last token
-        self.capacity = self.C + self.N + self.slack
-        self.leases: list = []  # this generation's cache buffers, returned to the engine set afterwards
-        self.kv = KVCache(self.layout, engines.cache_buffer(
-            "target_kv", (cfg.n_layer, 2, self.layout.rows, cfg.n_head, self.capacity, cfg.head_dim), self.leases))
+        self.kv = KVCache(self.layout, self._kv_buffer())
         self.caption_mask = None if caption_mask is None else caption_mask.to(self.dev)
         if self.caption_mask is not None:  # padded caption slots stay invisible to every later query
             self.kv.blocked[:, : self.C] = ~self.caption_mask
@@ -54,9 +47,49 @@ class Decoding:
         self.count = torch.zeros(self.n, dtype=torch.long, device=self.dev)
         self.root = torch.zeros(self.n, dtype=torch.long, device=self.dev)
         self.stats = [ImageStats(prefill_forwards=1, target_forwards=1) for _ in range(self.n)]
+
+    def _setup(self, engines: EngineSet, opts: DecodeOptions, n: int) -> None:
+        """What depends only on the engines, the options and the batch size."""
+        cfg = engines.target
+        self.engines, self.opts, self.cfg = engines, opts, cfg
+        self.dev = engines.device
+        self.n = n
+        self.layout = RowLayout(n, guided=opts.guided)
+        self.cfg_mix = cfg_matrix(n, opts.cfg_scale, device=self.dev)
+        self.proc = Processor(opts.temperature, opts.top_k, opts.top_p, device=self.dev)
+        self.C, self.N = cfg.cls_token_num, cfg.num_image_tokens
+        self.slack = 2 * opts.max_path_tokens  # room for a chain and a path committed past the last token
+        self.capacity = self.C + self.N + self.slack
+        self.leases: list = []  # this batch's cache buffers, returned to the engine set afterwards
         self.clock = Stopwatch(self.dev)
-        self.arange = torch.arange(self.n, device=self.dev)
+        self.arange = torch.arange(n, device=self.dev)
         self.subset_kv: dict[int, torch.Tensor] = {}
+
+    def _kv_buffer(self) -> torch.Tensor:
+        cfg = self.cfg
+        return self.engines.cache_buffer(
+            "target_kv", (cfg.n_layer, 2, self.layout.rows, cfg.n_head, self.capacity, cfg.head_dim), self.leases)
+
+    @classmethod
+    def combine(cls, parts: list[tuple["Decoding", torch.Tensor]]) -> "Decoding":
+        """One batch of the chosen images (index tensors) of ``parts``, in order. The parts share engines and
+        options; they are consumed (their cache buffers go back to the pool)."""
+        first = parts[0][0]
+        d = cls.__new__(cls)
+        d._setup(first.engines, first.opts, sum(len(images) for _, images in parts))
+        for p, _ in parts:
+            p.settle_time()
+        d.random = ImageRandom.combine([(p.random, images) for p, images in parts])
+        d.conditions = torch.cat([p.conditions[images] for p, images in parts])
+        d.kv = KVCache.combine(d.layout, d._kv_buffer(), [(p.kv, images) for p, images in parts])
+        d.caption_mask = None if first.caption_mask is None else torch.cat(
+            [p.caption_mask[images] for p, images in parts])
+        for name in ("tokens", "count", "root"):
+            setattr(d, name, torch.cat([getattr(p, name)[images] for p, images in parts]))
+        d.stats = [p.stats[i] for p, images in parts for i in images.tolist()]
+        for p, _ in parts:
+            p.engines.release(p.leases)
+        return d
 
     # ------------------------------------------------------------------ shared steps
 
@@ -140,24 +173,47 @@ class Decoding:
         self.tokens[img, self.count[img] + col] = values[img, col]
         self.count = self.count + count
 
-    def finish(self) -> tuple[torch.Tensor, list[ImageStats]]:
-        self.tokens[self.arange, self.count.clamp(max=self.tokens.shape[1] - 1)] = self.root
-        times = self.clock.stop()
+    def settle_time(self) -> None:
+        """Share the wall time since the last settlement equally among the batch's images."""
+        times = self.clock.take()
         for s in self.stats:
+            s.draft_seconds += times["draft"] / self.n
+            s.verify_seconds += times["verify"] / self.n
+            s.other_seconds += times["other"] / self.n
+            s.seconds = s.draft_seconds + s.verify_seconds + s.other_seconds
+
+    def finish(self, images: torch.Tensor | None = None) -> tuple[torch.Tensor, list[ImageStats]]:
+        """Tokens ``[m, N]`` and statistics of finished images (all when None)."""
+        images = self.arange if images is None else images
+        self.tokens[images, self.count[images].clamp(max=self.tokens.shape[1] - 1)] = self.root[images]
+        self.settle_time()
+        stats = [self.stats[i] for i in images.tolist()]
+        for s in stats:
             s.tokens = self.N
-            s.draft_seconds, s.verify_seconds, s.other_seconds = (times[k] / self.n for k in ("draft", "verify", "other"))
-            s.seconds = sum(times.values()) / self.n
-        return self.tokens[:, : self.N].clone(), self.stats
+        return self.tokens[images, : self.N].clone(), stats
 
 
 # ---------------------------------------------------------------------- vanilla AR
 
 
-def decode_ar(d: Decoding) -> tuple[torch.Tensor, list[ImageStats]]:
-    d.prefill()
-    one = torch.ones(d.n, 1, 1, dtype=torch.bool, device=d.dev)
-    while (active := d.active).any():
-        out = d.verify(d.root[:, None], (d.C + d.count)[:, None], one)
+class AutoRegression:
+    """Vanilla AR: one target forward per token."""
+
+    def __init__(self, d: Decoding):
+        self.d = d
+        d.prefill()
+
+    @classmethod
+    def combine(cls, parts: list[tuple["AutoRegression", torch.Tensor]]) -> "AutoRegression":
+        loop = cls.__new__(cls)
+        loop.d = Decoding.combine([(p.d, images) for p, images in parts])
+        _release(parts)
+        return loop
+
+    def step(self) -> None:
+        d = self.d
+        active = d.active
+        out = d.verify(d.root[:, None], (d.C + d.count)[:, None], torch.ones(d.n, 1, 1, dtype=torch.bool, device=d.dev))
         step = active.long()
         d.kv.commit(out["new_kv"], torch.zeros(d.n, 1, dtype=torch.long, device=d.dev), step)
         before = d.count.clone()
@@ -167,7 +223,6 @@ def decode_ar(d: Decoding) -> tuple[torch.Tensor, list[ImageStats]]:
         for i in active.nonzero().flatten().tolist():
             d.stats[i].target_forwards += 1
             d.stats[i].trace.append(["ar", int(before[i]), 1])
-    return d.finish()
 
 
 # ---------------------------------------------------------------------- speculative decoding (SD, LANTERN, VVS)
@@ -178,21 +233,15 @@ class Speculation:
     unverified chain of a skipped cycle, and what the drafter consumes next."""
 
     def __init__(self, d: Decoding):
-        opts, e, n, dev = d.opts, d.engines, d.n, d.dev
-        self.d, self.opts, self.n, self.dev = d, opts, n, dev
-        self.relax = Relaxation(e.neighbours(opts.lantern_k), opts.lantern_delta) if opts.relaxed else None
-        self.graph_inputs = {"cfg_mix": d.cfg_mix, **d.proc.graph_inputs()}
-        drafter_kv = e.cache_buffer("drafter_kv", (e.drafter_layers, 2, d.layout.rows, d.cfg.n_head,
-                                                   d.capacity + opts.depth * opts.draft_top_k, d.cfg.head_dim), d.leases)
-        self.drafter = TreeDrafter(e.graphs["drafter_step"], d.layout, drafter_kv, d.capacity, opts.depth,
-                                   opts.draft_top_k, d.max_position())
-        self.width = opts.max_path_tokens  # widest chain, path, or drafter update
-        self.features = FeatureCache(d.layout, d.capacity, d.cfg.dim, e.dtype, dev)
+        self._setup(d)
+        n, dev = self.n, self.dev
+        self.drafter = TreeDrafter(d.engines.graphs["drafter_step"], d.layout, self._drafter_buffer(), d.capacity,
+                                   self.opts.depth, self.opts.draft_top_k, d.max_position())
+        self.features = FeatureCache(d.layout, d.capacity, d.cfg.dim, d.engines.dtype, dev)
         self.chain = torch.zeros(n, self.width, dtype=torch.long, device=dev)  # unverified tokens of a skip
         self.chain_len = torch.zeros(n, dtype=torch.long, device=dev)
         self.last_skipped = torch.zeros(n, dtype=torch.bool, device=dev)
         self.cycle = torch.zeros(n, dtype=torch.long, device=dev)
-        self.accept_draws = accept_draws(opts.depth + 1, opts.draft_top_k)
 
         pre = d.prefill()
         self.features.append(pre["hidden"], torch.arange(d.C, device=dev).expand(n, -1),
@@ -203,6 +252,53 @@ class Speculation:
         ids[:, -1] = d.root
         self.feed = (ids, pre["hidden"], torch.arange(1, d.C + 1, device=dev).expand(n, -1),
                      torch.full((n,), d.C, device=dev))
+
+    def _setup(self, d: Decoding) -> None:
+        opts = d.opts
+        self.d, self.opts, self.n, self.dev = d, opts, d.n, d.dev
+        self.relax = Relaxation(d.engines.neighbours(opts.lantern_k), opts.lantern_delta) if opts.relaxed else None
+        self.graph_inputs = {"cfg_mix": d.cfg_mix, **d.proc.graph_inputs()}
+        self.width = opts.max_path_tokens  # widest chain, path, or drafter update
+        self.accept_draws = accept_draws(opts.depth + 1, opts.draft_top_k)
+
+    def _drafter_buffer(self) -> torch.Tensor:
+        d, e, opts = self.d, self.d.engines, self.opts
+        return e.cache_buffer("drafter_kv", (e.drafter_layers, 2, d.layout.rows, d.cfg.n_head,
+                                             d.capacity + opts.depth * opts.draft_top_k, d.cfg.head_dim), d.leases)
+
+    @classmethod
+    def combine(cls, parts: list[tuple["Speculation", torch.Tensor]]) -> "Speculation":
+        s = cls.__new__(cls)
+        s._setup(Decoding.combine([(p.d, images) for p, images in parts]))
+        layout = s.d.layout
+        s.drafter = parts[0][0].drafter.combined(layout, s._drafter_buffer(), [(p.drafter, i) for p, i in parts])
+        s.features = FeatureCache.combine(layout, [(p.features, images) for p, images in parts])
+        for name in ("chain", "chain_len", "last_skipped", "cycle"):
+            setattr(s, name, torch.cat([getattr(p, name)[images] for p, images in parts]))
+        # the drafter's next slots: as many as the widest part has (a batch just prefilled has C of them)
+        m = max(p.feed[0].shape[1] for p, _ in parts)
+        feeds = [[torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, m - x.shape[1])) for x in p.feed[:3]]
+                 for p, _ in parts]
+        s.feed = (torch.cat([f[0][images] for f, (_, images) in zip(feeds, parts)]),
+                  gather_rows([(f[1], p.d.layout, images) for f, (p, images) in zip(feeds, parts)], 0),
+                  torch.cat([f[2][images] for f, (_, images) in zip(feeds, parts)]),
+                  torch.cat([p.feed[3][images] for p, images in parts]))
+        _release(parts)
+        return s
+
+    def step(self) -> None:
+        """One cycle: draft → decide skip → (verify | accept without verification) → feed the drafter."""
+        d = self.d
+        active = d.active
+        u = d.random.uniform(self.accept_draws + 1)  # every image's draws for this cycle, whatever it does
+        tree = self.draft(active)
+        skip = self.decide_skip(tree, active)
+        nxt = NextFeed(self)
+        if (active & ~skip).any():
+            self.verify(tree, active & ~skip, nxt, u[:, : self.accept_draws])
+        if skip.any():
+            self.accept_unverified(tree, skip, nxt, u[:, self.accept_draws])
+        self.advance(nxt, active, skip)
 
     def draft(self, active: torch.Tensor) -> DraftTree:
         d = self.d
@@ -309,33 +405,28 @@ class NextFeed:
         self.root = torch.where(which, root, self.root)
 
 
-def decode_speculative(d: Decoding) -> tuple[torch.Tensor, list[ImageStats]]:
-    s = Speculation(d)
-    while (active := d.active).any():
-        u = d.random.uniform(s.accept_draws + 1)  # every image's draws for this cycle, whatever it does
-        tree = s.draft(active)
-        skip = s.decide_skip(tree, active)
-        nxt = NextFeed(s)
-        if (active & ~skip).any():
-            s.verify(tree, active & ~skip, nxt, u[:, : s.accept_draws])
-        if skip.any():
-            s.accept_unverified(tree, skip, nxt, u[:, s.accept_draws])
-        s.advance(nxt, active, skip)
-    return d.finish()
-
-
 def _compact(index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Move the valid entries of each row to the front (stable), padding with 0."""
     order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
     return torch.where(valid.gather(1, order), index.gather(1, order), 0)
 
 
-def generate_tokens(engines: EngineSet, conditions: torch.Tensor, opts: DecodeOptions, seeds: list[int],
-                    caption_mask: torch.Tensor | None = None):
-    """Decode one batch. ``conditions``: class ids ``[n]`` or left-padded captions ``[n, C, caption_dim]`` with
-    ``caption_mask [n, C]`` (True = valid); ``seeds``: one per image. Returns ``(tokens [n, N], [ImageStats] * n)``."""
-    d = Decoding(engines, conditions, opts, seeds, caption_mask)
-    try:
-        return decode_ar(d) if opts.mode == "ar" else decode_speculative(d)
-    finally:
-        engines.release(d.leases)
+def _release(parts) -> None:
+    """Return the cache buffers of batches that were combined into another."""
+    for p, _ in parts:
+        p.d.engines.release(p.d.leases)
+
+
+Loop = AutoRegression | Speculation
+
+
+def start(d: Decoding) -> Loop:
+    """Prefill a batch and return its decoding loop for ``d.opts.mode``."""
+    return AutoRegression(d) if d.opts.mode == "ar" else Speculation(d)
+
+
+def run(loop: Loop) -> tuple[torch.Tensor, list[ImageStats]]:
+    while loop.d.active.any():
+        loop.step()
+    return loop.d.finish()
+

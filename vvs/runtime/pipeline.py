@@ -1,15 +1,21 @@
-"""``Pipeline``: the object a service holds. ``generate(conditions, mode=..., seed=...)`` -> images + statistics."""
+"""``Pipeline``: the object a service holds. ``generate(conditions, mode=..., seed=...)`` -> images + statistics.
+
+Any number of threads may call one ``Pipeline`` at once: their images are decoded together by its
+:class:`~vvs.runtime.scheduler.Scheduler` (continuous batching), and each call gets the tokens it gets alone.
+"""
 from __future__ import annotations
 
+import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from vvs.engines.base import EngineSet
-from vvs.runtime.decode import generate_tokens
 from vvs.runtime.options import DecodeOptions, OptionsError
 from vvs.runtime.random import image_seeds
+from vvs.runtime.scheduler import Scheduler
 from vvs.runtime.stats import ImageStats, aggregate
 
 
@@ -31,10 +37,34 @@ class Generation:
         return [Image.fromarray(np.ascontiguousarray(a)) for a in arr]
 
 
+@dataclass
+class Job:
+    """A submitted request: its tokens and statistics arrive in ``future``; ``cancel()`` frees its batch slots at
+    the next cycle boundary."""
+    future: Future  # -> (tokens [n, N], [ImageStats] * n)
+    options: DecodeOptions
+
+    def cancel(self) -> bool:
+        return self.future.cancel()
+
+    def result(self, timeout: float | None = None) -> Generation:
+        tokens, stats = self.future.result(timeout)
+        return Generation(tokens, None, stats, self.options)
+
+
 class Pipeline:
-    def __init__(self, engines: EngineSet, options: DecodeOptions | None = None):
+    def __init__(self, engines: EngineSet, options: DecodeOptions | None = None, max_batch: int = 16,
+                 max_queue: int = 256):
+        """``max_batch``: images decoded together at most; ``max_queue``: images waiting at most (more is
+        :class:`~vvs.runtime.scheduler.Busy`)."""
         self.engines = engines
         self.options = options or DecodeOptions.from_dict(engines.default_options)
+        self.scheduler = Scheduler(engines, max_batch, max_queue)
+
+    def close(self) -> None:
+        """Stop decoding (waiting and running requests fail) and persist the backend's state."""
+        self.scheduler.close()
+        self.engines.close()
 
     def options_for(self, mode: str | None = None, **options) -> DecodeOptions:
         """The pipeline's options with overrides, checked against the model (raises :class:`OptionsError`)."""
@@ -49,25 +79,31 @@ class Pipeline:
         return captions(conditions, caption_mask, cfg.cls_token_num, cfg.caption_dim)
 
     def generate(self, conditions, mode: str | None = None, seed: int | list[int] = 0, *, caption_mask=None,
-                 decode_images: bool = True, **options) -> Generation:
+                 decode_images: bool = True, timeout: float | None = None, **options) -> Generation:
         """Generate one image per condition (class ids ``[n]``, or left-padded caption embeddings
         ``[n, C, caption_dim]`` with ``caption_mask``). Options override the pipeline's defaults.
 
         ``seed``: an int (image i gets ``seed + i``) or one per image. An image depends only on its condition, its
-        seed and the options, never on the other images of the call: ``generate([a, b], seed=7)`` gives image
-        ``b`` exactly as ``generate([b], seed=8)`` does."""
+        seed and the options, never on the other images of the call or of other calls running at the same time:
+        ``generate([a, b], seed=7)`` gives image ``b`` exactly as ``generate([b], seed=8)`` does.
+        ``timeout``: seconds until the call fails with :class:`~vvs.runtime.scheduler.RequestTimeout`."""
+        job = self.submit(conditions, mode, seed, caption_mask=caption_mask, timeout=timeout, **options)
+        gen = job.result()
+        if decode_images:
+            gen.images, gen.decode_seconds = self.decode(gen.tokens)
+        return gen
+
+    def submit(self, conditions, mode: str | None = None, seed: int | list[int] = 0, *, caption_mask=None,
+               timeout: float | None = None, **options) -> Job:
+        """Queue a request and return at once (arguments as :meth:`generate`; nothing is decoded to pixels).
+        Bad arguments raise :class:`OptionsError` here; a full queue raises
+        :class:`~vvs.runtime.scheduler.Busy`."""
         opts = self.options_for(mode, **options)
         conditions, caption_mask = self.check_conditions(conditions, caption_mask)
         seeds = image_seeds(seed, len(conditions))
-        tokens, stats = generate_tokens(self.engines, conditions, opts, seeds, caption_mask)
-        images, seconds = None, 0.0
-        if decode_images:
-            images, seconds = self.decode(tokens)
-        return Generation(tokens, images, stats, opts, seconds)
+        return Job(self.scheduler.submit(conditions, opts, seeds, caption_mask, timeout), opts)
 
     def decode(self, tokens: torch.Tensor) -> tuple[torch.Tensor, float]:
-        import time
-
         start = time.perf_counter()
         images = self.engines.graphs["vq_decode"].run(codes=tokens.to(self.engines.device))["image"]
         return images.float().cpu(), time.perf_counter() - start

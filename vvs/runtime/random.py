@@ -38,6 +38,13 @@ class ImageRandom:
         self.device = device
         self.gens = [torch.Generator(device=device).manual_seed(s) for s in seeds]
 
+    @classmethod
+    def combine(cls, parts: list[tuple["ImageRandom", torch.Tensor]]) -> "ImageRandom":
+        """The streams of the chosen images, each continuing where it was."""
+        random = cls([], parts[0][0].device)
+        random.gens = [p.gens[i] for p, images in parts for i in images.tolist()]
+        return random
+
     def uniform(self, count: int) -> torch.Tensor:
         """``[n, count]`` uniforms in [0, 1): ``count`` fresh values from every image's stream."""
         return torch.stack([torch.rand(count, generator=g, device=self.device) for g in self.gens])

@@ -7,8 +7,9 @@
   per skipped verification, the tokens committed without one.
 - ``trace``: one entry per decoding cycle, ``[kind, image tokens before the cycle, tokens committed]`` with
   kind ``"verify"`` or ``"skip"`` (``"ar"`` steps for AR).
-- ``seconds`` and its ``draft/verify/other`` split are the batch's wall time divided by the batch size; verify
-  time is all target time (prefill included), draft time all drafter time (tree building included).
+- ``seconds`` and its ``draft/verify/other`` split: each stretch of a batch's wall time shared equally by the
+  images in the batch then (images may join and leave a running batch); verify time is all target time (prefill
+  included), draft time all drafter time (tree building included).
 """
 from __future__ import annotations
 
@@ -104,6 +105,8 @@ class Stopwatch:
         self.total[self._section] += now - self._start
         self._section, self._start = name, now
 
-    def stop(self) -> dict[str, float]:
+    def take(self) -> dict[str, float]:
+        """The time per section since the last ``take``."""
         self.section("other")
-        return dict(self.total)
+        total, self.total = self.total, dict.fromkeys(self.total, 0.0)
+        return total

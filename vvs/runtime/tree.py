@@ -78,6 +78,12 @@ class TreeDrafter:
         self.cache = KVCache(layout, kv)
         self.forwards = 0  # drafter graph calls so far
 
+    def combined(self, layout: RowLayout, kv: torch.Tensor, parts: list[tuple["TreeDrafter", torch.Tensor]]):
+        """A drafter like this one over the chosen images of ``parts``, their caches copied into ``kv``."""
+        drafter = TreeDrafter(self.engine, layout, kv, self.scratch_start, self.depth, self.k, self.max_position)
+        drafter.cache = KVCache.combine(layout, kv, [(p.cache, images) for p, images in parts])
+        return drafter
+
     def _call(self, graph_inputs, position_ids, **inputs):
         self.forwards += 1
         return self.engine.run(past_kv=self.cache.kv, position_ids=position_ids.clamp(max=self.max_position),
