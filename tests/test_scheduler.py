@@ -76,7 +76,7 @@ def test_concurrent_requests_are_merged_and_get_their_own_images(pipeline_factor
     for i, (a, b) in enumerate(zip(alone, together)):
         assert torch.equal(a, b), f"request {i}"
     assert 2 in merges, "no request joined a running batch"
-    assert pipe.scheduler.status()["running_images"] == 0
+    _wait_idle(pipe)
 
 
 def _wait_running(pipe, timeout=30.0):
@@ -139,4 +139,4 @@ def test_a_failing_step_fails_its_requests_and_the_scheduler_goes_on(pipeline_fa
     with pytest.raises(RuntimeError, match="device lost"):
         pipe.generate(torch.tensor([1, 2]), mode="ar", seed=0, decode_images=False)
     assert pipe.generate(torch.tensor([1]), mode="ar", seed=0, decode_images=False).tokens.shape[0] == 1
-    assert pipe.scheduler.status()["running_images"] == 0
+    _wait_idle(pipe)

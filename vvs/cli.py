@@ -1,4 +1,4 @@
-"""Command-line entry points: vvs-export, vvs-run, vvs-bench, vvs-train.
+"""Command-line entry points: vvs-export, vvs-run, vvs-bench, vvs-train, vvs-serve.
 
 Every user error (bad option, bad file, bad folder) is printed as one line ``<prog>: error: ...`` and exits
 with code 2; nothing half-written is left behind (writers use a temporary name and rename).
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -439,3 +440,73 @@ def train_drafter_cmd(checkpoint, config, t2i, data, out, steps, batch, lr, seed
 
 def train_main():
     _main(train_cmd, "vvs-train")
+
+
+# --------------------------------------------------------------------------- vvs-serve
+
+
+@click.command(help="Serve an engine folder over HTTP with Ray Serve: POST /v1/generate (JSON), GET /v1/model, "
+                    "GET /healthz. Starts a local Ray instance, or joins a cluster with --address; each replica holds "
+                    "a Pipeline that merges concurrent requests into running batches. Needs the serve extra: "
+                    "pip install 'vvs[serve]'.")
+@engine_options
+@click.option("--threads", type=click.IntRange(1, 1024), default=None, help="CPU threads per replica's backend.")
+@click.option("--replicas", type=click.IntRange(1), default=1, show_default=True, help="Replicas (fixed count).")
+@click.option("--min-replicas", type=click.IntRange(0), default=None, help="Autoscale: fewest replicas.")
+@click.option("--max-replicas", type=click.IntRange(1), default=None, help="Autoscale: most replicas (turns it on).")
+@click.option("--target-ongoing-requests", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Autoscale: requests per replica Ray aims for (default: --max-batch).")
+@click.option("--max-batch", type=click.IntRange(1, 1024), default=16, show_default=True,
+              help="Images a replica decodes together.")
+@click.option("--max-queue", type=click.IntRange(1), default=256, show_default=True,
+              help="Images a replica lets wait; beyond it requests get 503 (retry).")
+@click.option("--max-images", type=click.IntRange(1), default=64, show_default=True,
+              help="Images per request; more gets 413.")
+@click.option("--gpus-per-replica", type=click.FloatRange(min=0), default=None,
+              help="GPUs Ray reserves per replica (default: 1 for a CUDA device or TensorRT backend, else 0).")
+@click.option("--cpus-per-replica", type=click.FloatRange(min=0), default=1, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="HTTP address (0.0.0.0 for every interface).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--address", default=None, help="Ray cluster to join (e.g. ray://head:10001 or auto); default: a "
+                                                "new local instance.")
+def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_replicas, target_ongoing_requests,
+              max_batch, max_queue, max_images, gpus_per_replica, cpus_per_replica, host, port, address):
+    from vvs.engines import check_device
+    from vvs.engines.manifest import read_manifest
+
+    check_device(device)
+    folder = Path(engine_dir).resolve()  # replicas run in other working directories
+    read_manifest(folder)
+    if min_replicas is not None and max_replicas is None:
+        raise click.UsageError("--min-replicas needs --max-replicas (autoscaling)")
+    autoscaling = None
+    if max_replicas is not None:
+        low = 1 if min_replicas is None else min_replicas
+        if low > max_replicas:
+            raise click.UsageError(f"--min-replicas {low} is above --max-replicas {max_replicas}")
+        autoscaling = {"min_replicas": low, "max_replicas": max_replicas,
+                       "target_ongoing_requests": target_ongoing_requests or max_batch}
+    if gpus_per_replica is None:
+        gpus_per_replica = 1 if backend in ("tensorrt", "tensorrt-rtx") or (device or "").startswith("cuda") else 0
+    try:
+        import ray
+        from ray import serve
+
+        from vvs.serve.deployment import application
+    except ImportError as err:
+        raise VVSError(f"vvs-serve needs Ray Serve ({err.name} is missing): pip install 'vvs[serve]'") from None
+    ray.init(address=address, include_dashboard=False, logging_level="WARNING")
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(application(str(folder), backend=backend, device=device, threads=threads, max_batch=max_batch,
+                          max_queue=max_queue, max_images=max_images, replicas=replicas, autoscaling=autoscaling,
+                          gpus_per_replica=gpus_per_replica, cpus_per_replica=cpus_per_replica), name="vvs")
+    click.echo(f"vvs-serve: serving {folder} at http://{host}:{port}/v1/generate (Ctrl-C stops)", err=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
+
+
+def serve_main():
+    _main(serve_cmd, "vvs-serve")

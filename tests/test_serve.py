@@ -1,0 +1,172 @@
+"""``vvs-serve`` over real HTTP on 127.0.0.1: a real Ray instance and Ray Serve deployment of the tiny engine
+folder, started once for this module and shut down after it."""
+import base64
+import io
+import json
+import socket
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import ray
+import torch
+from PIL import Image
+from ray import serve
+
+from vvs.engines import load_engines
+from vvs.runtime.pipeline import Pipeline
+from vvs.serve.client import Client, ServeError
+from vvs.serve.deployment import application
+
+MAX_IMAGES = 64
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_folder):
+    port = _free_port()
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(application(str(tiny_folder), backend="onnxruntime", threads=1, max_batch=4, max_images=MAX_IMAGES),
+                  name="vvs")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local(tiny_folder):
+    return Pipeline(load_engines(tiny_folder, "onnxruntime", threads=1))
+
+
+def _pixels(image) -> np.ndarray:
+    return np.asarray(image.convert("RGB"))
+
+
+REQUESTS = [([1, 2], 0, "vvs"), ([3], 10, "sd"), ([4, 5, 6], 20, "vvs"), ([7], 30, "ar"), ([8, 9], 40, "lantern"),
+            ([0, 0], 50, "vvs")]
+
+
+def test_concurrent_clients_get_the_images_they_would_get_alone(server, local):
+    client = Client(server, timeout=120)
+    opts = dict(temperature=1.0, cfg_scale=2.0, skip_interval=2)
+    with ThreadPoolExecutor(max_workers=len(REQUESTS)) as pool:
+        results = list(pool.map(lambda r: client.generate(r[0], mode=r[2], seed=r[1], **opts), REQUESTS))
+    for (classes, seed, mode), result in zip(REQUESTS, results):
+        alone = local.generate(classes, mode=mode, seed=seed, **opts)
+        assert result.tokens == alone.tokens.tolist(), f"{mode} {classes}"
+        for got, want in zip(result.images, alone.pil_images()):
+            assert np.array_equal(_pixels(got), _pixels(want))
+        assert [s["target_forwards"] for s in result.stats] == [s.target_forwards for s in alone.stats]
+    assert client.model()["max_images"] == MAX_IMAGES
+
+
+def _post(url: str, body: bytes, content_type: str = "application/json", method: str = "POST") -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body if method == "POST" else None, method=method,
+                                     headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+BAD = [
+    (json.dumps({"conditions": [999]}).encode(), "application/json", 400, "class id 999 is out of range"),
+    (json.dumps({"conditions": [1.5]}).encode(), "application/json", 400, "not an integer"),
+    (json.dumps({"conditions": [1], "options": {"temperature": -1}}).encode(), "application/json", 400, "temperature"),
+    (json.dumps({"conditions": [1], "options": {"top_q": 1}}).encode(), "application/json", 400, "unknown option"),
+    (json.dumps({"conditions": [1], "mode": "fast"}).encode(), "application/json", 400, "mode"),
+    (json.dumps({"conditions": [1], "seed": -3}).encode(), "application/json", 400, "seed"),
+    (json.dumps({"conditions": [1], "wat": 1}).encode(), "application/json", 400, "unknown field"),
+    (json.dumps({"conditions": [1] * (MAX_IMAGES + 1)}).encode(), "application/json", 413, "at most 64"),
+    (b'{"conditions": [1', "application/json", 400, "malformed JSON"),
+    (b"[1, 2]", "application/json", 400, "JSON object"),
+    (json.dumps({"conditions": [1]}).encode(), "text/plain", 415, "application/json"),
+]
+
+
+@pytest.mark.parametrize("body,content_type,status,message", BAD, ids=[b[3] for b in BAD])
+def test_a_bad_request_gets_a_4xx_with_one_line(server, body, content_type, status, message):
+    code, data = _post(server + "/v1/generate", body, content_type)
+    assert code == status
+    assert message in data["error"] and "\n" not in data["error"] and "Traceback" not in data["error"]
+
+
+def test_unknown_routes_and_methods_and_the_server_keeps_serving(server):
+    assert _post(server + "/v1/nope", b"{}")[0] == 404
+    assert _post(server + "/v1/generate", b"", method="GET")[0] == 405
+    code, data = _post(server + "/v1/generate", json.dumps({"conditions": [2], "mode": "ar"}).encode())
+    assert code == 200 and len(data["images"]) == 1
+    assert Image.open(io.BytesIO(base64.b64decode(data["images"][0]))).format == "PNG"
+
+
+def _wait_idle(client: Client, timeout: float) -> float:
+    start = time.monotonic()
+    while (h := client.health())["running_images"] or h["waiting_images"]:
+        assert time.monotonic() - start < timeout, f"slots still held: {h}"
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def test_a_client_that_disconnects_does_not_keep_its_slots(server):
+    client = Client(server, timeout=120)
+    body = json.dumps({"conditions": list(range(10)) * 6, "mode": "sd", "decode": False}).encode()
+    start = time.monotonic()
+    client.generate(list(range(10)) * 6, mode="sd", seed=1, decode=False)
+    full = time.monotonic() - start
+
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/generate HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (host.encode(), len(body)) + body)
+        deadline = time.monotonic() + 30
+        while client.health()["running_images"] == 0:
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.01)
+    freed = _wait_idle(client, timeout=full)
+    assert freed < full / 2, f"slots freed {freed:.2f} s after the disconnect; the whole request takes {full:.2f} s"
+
+
+def test_a_killed_replica_fails_its_request_clearly_and_is_restarted(server):
+    client = Client(server, timeout=120)
+    outcome = {}
+
+    def request():
+        try:
+            outcome["result"] = client.generate(list(range(10)) * 6, mode="sd", decode=False)
+        except ServeError as err:
+            outcome["error"] = err
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while client.health()["running_images"] == 0:
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.01)
+    replica = next(a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("SERVE_REPLICA"))
+    ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the client hangs after its replica died"
+    assert "error" in outcome and outcome["error"].status >= 500, outcome
+    assert "replica" in str(outcome["error"])
+
+    deadline = time.monotonic() + 90  # Ray Serve starts a new replica
+    while True:
+        try:
+            client.health()
+            break
+        except ServeError:
+            assert time.monotonic() < deadline, "no replica came back"
+            time.sleep(0.5)
+    assert len(client.generate([3], mode="ar", decode=False).tokens) == 1

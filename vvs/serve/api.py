@@ -1,0 +1,118 @@
+"""The HTTP JSON API, apart from the server that carries it.
+
+``POST /v1/generate`` with ``Content-Type: application/json``::
+
+    {"conditions": [class ids] | [[[caption embedding] * C] * n],   # required
+     "caption_mask": [[bool] * C] * n,                               # text-conditional models only
+     "mode": "vvs", "seed": 0 | [s1, s2, ...], "options": {"temperature": 1.0, ...},
+     "timeout": seconds, "decode": true}
+
+answers ``{"images": [base64 PNG, ...], "tokens": [[ids], ...], "stats": [{...}, ...], "options": {...}}``
+(``images`` is omitted with ``"decode": false``). Every refusal is ``{"error": "one line"}`` with a 4xx or 5xx
+status: 400 bad JSON or values, 404/405 unknown route or method, 413 too many images, 415 not JSON, 503 queue
+full (retry), 504 timed out.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+from dataclasses import dataclass, fields
+
+import torch
+
+from vvs.errors import VVSError
+from vvs.runtime.options import DecodeOptions
+from vvs.runtime.pipeline import Generation
+
+FIELDS = ("conditions", "caption_mask", "mode", "seed", "options", "timeout", "decode")
+
+
+class ApiError(VVSError):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class GenerateRequest:
+    conditions: object  # list of class ids, or a float tensor of captions
+    caption_mask: torch.Tensor | None
+    mode: str | None
+    seed: int | list[int]
+    options: dict
+    timeout: float | None
+    decode: bool
+
+    @property
+    def images(self) -> int:
+        return len(self.conditions)
+
+
+def parse_generate(body: bytes, content_type: str | None, text_conditional: bool, max_images: int) -> GenerateRequest:
+    """Check the shape of a request; the values are checked by the Pipeline (``OptionsError``: a 400)."""
+    if (content_type or "").split(";")[0].strip().lower() != "application/json":
+        raise ApiError(415, f"Content-Type must be application/json, got {content_type or 'none'}")
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ApiError(400, f"malformed JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"the body must be a JSON object with {', '.join(FIELDS)}")
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise ApiError(400, f"unknown field(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}")
+    conditions = data.get("conditions")
+    if not isinstance(conditions, list) or not conditions:
+        raise ApiError(400, "conditions: give a non-empty list (class ids, or caption embeddings)")
+    if len(conditions) > max_images:
+        raise ApiError(413, f"{len(conditions)} images requested; this server takes at most {max_images} per request")
+    options = data.get("options", {})
+    if not isinstance(options, dict):
+        raise ApiError(400, "options must be a JSON object of decoding options")
+    known = [f.name for f in fields(DecodeOptions) if f.name != "mode"]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ApiError(400, f"unknown option(s) {', '.join(unknown)}; known: {', '.join(known)} (mode is a field of "
+                            "its own)")
+    timeout = data.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not math.isfinite(timeout) or timeout <= 0):
+        raise ApiError(400, f"timeout must be a positive number of seconds, got {timeout!r}")
+    decode = data.get("decode", True)
+    if not isinstance(decode, bool):
+        raise ApiError(400, f"decode must be true or false, got {decode!r}")
+    mode = data.get("mode")
+    if mode is not None and not isinstance(mode, str):
+        raise ApiError(400, f"mode must be a string, got {mode!r}")
+    mask = None
+    if text_conditional:
+        conditions = _tensor(conditions, torch.float32, "conditions")
+        mask = _tensor(data.get("caption_mask"), torch.bool, "caption_mask")
+    elif "caption_mask" in data:
+        raise ApiError(400, "caption_mask: this model is class-conditional; give class ids only")
+    return GenerateRequest(conditions, mask, mode, data.get("seed", 0), options, timeout, decode)
+
+
+def _tensor(value, dtype, name: str) -> torch.Tensor:
+    try:
+        return torch.tensor(value, dtype=dtype)
+    except (TypeError, ValueError, RuntimeError):
+        raise ApiError(400, f"{name}: expected a rectangular nested list of "
+                            f"{'numbers' if dtype.is_floating_point else 'booleans'}") from None
+
+
+def generation_response(gen: Generation) -> dict:
+    out = {"tokens": gen.tokens.tolist(),
+           "stats": [{k: v for k, v in s.to_dict().items() if k != "trace"} for s in gen.stats],
+           "options": gen.options.to_dict()}
+    if gen.images is not None:
+        out["images"] = [png_base64(image) for image in gen.pil_images()]
+    return out
+
+
+def png_base64(image) -> str:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode("ascii")

@@ -1,0 +1,119 @@
+"""``vvs-serve``: one Ray Serve deployment whose replicas each hold a :class:`~vvs.runtime.pipeline.Pipeline`.
+
+Ray Serve carries HTTP, spreads requests over replicas (on one machine or a cluster), restarts replicas that
+die or fail their health check, autoscales, and exports metrics; each replica merges the requests it is given
+into running batches (continuous batching). Routes: ``POST /v1/generate`` (:mod:`vvs.serve.api`),
+``GET /v1/model``, ``GET /healthz``.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ray import serve
+from ray.util import metrics
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from vvs.engines import load_engines
+from vvs.errors import VVSError
+from vvs.runtime.options import OptionsError
+from vvs.runtime.pipeline import Pipeline
+from vvs.runtime.scheduler import Busy, RequestTimeout
+from vvs.serve.api import ApiError, generation_response, parse_generate
+
+
+class VVSServer:
+    def __init__(self, engine_dir: str, backend: str = "auto", device: str | None = None, threads: int | None = None,
+                 max_batch: int = 16, max_queue: int = 256, max_images: int = 64):
+        self.pipe = Pipeline(load_engines(engine_dir, backend, device=device, threads=threads),
+                             max_batch=max_batch, max_queue=max_queue)
+        self.max_images = max_images
+        self.requests = metrics.Counter("vvs_requests", "Generate requests by outcome.", tag_keys=("status",))
+        self.images = metrics.Counter("vvs_images", "Images generated.")
+        self.latency = metrics.Histogram("vvs_request_seconds", "Generate request latency (decoded images).",
+                                         boundaries=[0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128])
+
+    async def __call__(self, request: Request) -> JSONResponse:
+        routes = {"/v1/generate": ("POST", self.generate), "/v1/model": ("GET", self.model),
+                  "/healthz": ("GET", self.health)}
+        route = routes.get(request.url.path.rstrip("/") or "/")
+        if route is None:
+            return _error(404, f"no route {request.url.path}; routes: {', '.join(routes)}")
+        method, handler = route
+        if request.method != method:
+            return _error(405, f"{request.url.path} takes {method}, not {request.method}")
+        return await handler(request)
+
+    async def generate(self, request: Request) -> JSONResponse:
+        start = time.perf_counter()
+        response = await self._generate(request)
+        self.requests.inc(tags={"status": str(response.status_code)})
+        if response.status_code == 200:
+            self.latency.observe(time.perf_counter() - start)
+        return response
+
+    async def _generate(self, request: Request) -> JSONResponse:
+        job = None
+        try:
+            req = parse_generate(await request.body(), request.headers.get("content-type"),
+                                 self.pipe.engines.target.model_type == "t2i", self.max_images)
+            job = self.pipe.submit(req.conditions, req.mode, req.seed, caption_mask=req.caption_mask,
+                                   timeout=req.timeout, **req.options)
+            tokens, stats = await asyncio.wrap_future(job.future)
+            gen = job.result()
+            if req.decode:  # pixels off the event loop, so other requests keep flowing
+                gen.images, gen.decode_seconds = await asyncio.get_running_loop().run_in_executor(
+                    None, self.pipe.decode, tokens)
+        except asyncio.CancelledError:  # the client went away: free the batch slots now
+            if job is not None:
+                job.cancel()
+            raise
+        except ApiError as err:
+            return _error(err.status, str(err))
+        except OptionsError as err:
+            return _error(400, str(err))
+        except Busy as err:
+            return _error(503, str(err), {"Retry-After": "1"})
+        except RequestTimeout as err:
+            return _error(504, str(err))
+        except VVSError as err:
+            return _error(500, str(err))
+        self.images.inc(len(gen.stats))
+        return JSONResponse(generation_response(gen))
+
+    async def model(self, request: Request) -> JSONResponse:
+        cfg = self.pipe.engines.target
+        return JSONResponse({"model_type": cfg.model_type, "num_classes": cfg.num_classes,
+                             "caption_slots": cfg.cls_token_num if cfg.model_type == "t2i" else 0,
+                             "caption_dim": cfg.caption_dim if cfg.model_type == "t2i" else 0,
+                             "image_tokens": cfg.num_image_tokens, "backend": self.pipe.engines.backend,
+                             "max_images": self.max_images, "default_options": self.pipe.options.to_dict()})
+
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", **self.pipe.scheduler.status()})
+
+    def check_health(self) -> None:
+        """Ray's periodic health check: a replica whose scheduler was closed is restarted."""
+        if self.pipe.scheduler.closed:
+            raise VVSError("the pipeline is closed")
+
+
+def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message.splitlines()[0] if message else "error"}, status_code=status,
+                        headers=headers)
+
+
+def application(engine_dir: str, *, backend: str = "auto", device: str | None = None, threads: int | None = None,
+                max_batch: int = 16, max_queue: int = 256, max_images: int = 64, replicas: int = 1,
+                autoscaling: dict | None = None, gpus_per_replica: float = 0, cpus_per_replica: float = 1,
+                max_ongoing_requests: int | None = None):
+    """The bound Ray Serve application. ``autoscaling`` (Ray's ``autoscaling_config``: ``min_replicas``,
+    ``max_replicas``, ``target_ongoing_requests``, ...) replaces the fixed ``replicas``."""
+    deployment = serve.deployment(VVSServer, name="vvs").options(
+        num_replicas="auto" if autoscaling else replicas, autoscaling_config=autoscaling,
+        ray_actor_options={"num_gpus": gpus_per_replica, "num_cpus": cpus_per_replica},
+        # a replica takes more requests than it decodes at once, so that they can join its running batches
+        max_ongoing_requests=max_ongoing_requests or max(max_batch * 2, 8),
+        health_check_period_s=5, health_check_timeout_s=30)
+    return deployment.bind(engine_dir, backend, device, threads, max_batch, max_queue, max_images)
