@@ -73,7 +73,7 @@ class Decoding:
     @classmethod
     def combine(cls, parts: list[tuple["Decoding", torch.Tensor]]) -> "Decoding":
         """One batch of the chosen images (index tensors) of ``parts``, in order. The parts share engines and
-        options; they are consumed (their cache buffers go back to the pool)."""
+        options; the caller returns their cache buffers (:func:`_release`) once everything is copied."""
         first = parts[0][0]
         d = cls.__new__(cls)
         d._setup(first.engines, first.opts, sum(len(images) for _, images in parts))
@@ -87,8 +87,6 @@ class Decoding:
         for name in ("tokens", "count", "root"):
             setattr(d, name, torch.cat([getattr(p, name)[images] for p, images in parts]))
         d.stats = [p.stats[i] for p, images in parts for i in images.tolist()]
-        for p, _ in parts:
-            p.engines.release(p.leases)
         return d
 
     # ------------------------------------------------------------------ shared steps
