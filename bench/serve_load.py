@@ -85,8 +85,8 @@ def main():
         return client.generate(request[0], mode=args.mode, seed=request[1]).tokens
 
     for replicas in [int(r) for r in args.replicas.split(",")]:
-        serve.run(application(str(Path(args.engine).resolve()), backend="onnxruntime", threads=max(1, 2 // replicas),
-                              max_batch=args.max_batch, replicas=replicas, cpus_per_replica=1), name="vvs")
+        serve.run(application(str(Path(args.engine).resolve()), backend="onnxruntime", max_batch=args.max_batch,
+                              replicas=replicas, cpus_per_replica=2 / replicas), name="vvs")
         for _ in range(replicas * 2):
             http(([0], 10_000))  # warm-up, reaching every replica
         for c in levels:

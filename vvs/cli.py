@@ -450,7 +450,8 @@ def train_main():
                     "a Pipeline that merges concurrent requests into running batches. Needs the serve extra: "
                     "pip install 'vvs[serve]'.")
 @engine_options
-@click.option("--threads", type=click.IntRange(1, 1024), default=None, help="CPU threads per replica's backend.")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None,
+              help="CPU threads per replica, backend and torch (default: --cpus-per-replica).")
 @click.option("--replicas", type=click.IntRange(1), default=1, show_default=True, help="Replicas (fixed count).")
 @click.option("--min-replicas", type=click.IntRange(0), default=None, help="Autoscale: fewest replicas.")
 @click.option("--max-replicas", type=click.IntRange(1), default=None, help="Autoscale: most replicas (turns it on).")
@@ -464,7 +465,8 @@ def train_main():
               help="Images per request; more gets 413.")
 @click.option("--gpus-per-replica", type=click.FloatRange(min=0), default=None,
               help="GPUs Ray reserves per replica (default: 1 for a CUDA device or TensorRT backend, else 0).")
-@click.option("--cpus-per-replica", type=click.FloatRange(min=0), default=1, show_default=True)
+@click.option("--cpus-per-replica", type=click.FloatRange(min=0), default=None,
+              help="CPUs Ray reserves per replica (default: this machine's cores / --replicas, or 1 when autoscaling).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="HTTP address (0.0.0.0 for every interface).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.option("--address", default=None, help="Ray cluster to join (e.g. ray://head:10001 or auto); default: a "
@@ -486,6 +488,8 @@ def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_
             raise click.UsageError(f"--min-replicas {low} is above --max-replicas {max_replicas}")
         autoscaling = {"min_replicas": low, "max_replicas": max_replicas,
                        "target_ongoing_requests": target_ongoing_requests or max_batch}
+    if cpus_per_replica is None:
+        cpus_per_replica = 1 if autoscaling else max(1, (os.cpu_count() or 1) // replicas)
     if gpus_per_replica is None:
         gpus_per_replica = 1 if backend in ("tensorrt", "tensorrt-rtx") or (device or "").startswith("cuda") else 0
     try:
