@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import run_cli
-from vvs.cli import bench_main, export_main, run_main
+from vvs.cli import bench_main, export_main, run_main, serve_main
 from vvs.engines import load_engines
 from vvs.engines.manifest import EngineFolderError
 from vvs.errors import VVSError
@@ -311,3 +311,19 @@ def test_tune_refuses_a_folder_it_could_not_save_to_before_tuning(folder, tmp_pa
     monkeypatch.setattr(vvs.tune, "tune", lambda *a, **k: pytest.fail("tuned before checking the folder"))
     code, _, err = run_cli(bench_main, ["--engine", folder, "--out", tmp_path / "b", "--tune"], capsys, monkeypatch)
     assert "option --tune: " in one_line_error(code, err, "vvs-bench") and "is not writable" in err
+
+
+SERVE_CASES = [
+    (["--engine", "{missing}"], "no such engine folder (create one with vvs-export)"),
+    (["--engine", "{folder}", "--min-replicas", "2"], "--min-replicas needs --max-replicas"),
+    (["--engine", "{folder}", "--min-replicas", "3", "--max-replicas", "2"], "--min-replicas 3 is above --max-replicas 2"),
+    (["--engine", "{folder}", "--device", "tpu"], "not a device vvs runs on"),
+    (["--engine", "{folder}", "--port", "0"], "--port"),
+]
+
+
+@pytest.mark.parametrize("args,message", SERVE_CASES, ids=[m for _, m in SERVE_CASES])
+def test_serve_refuses_bad_arguments_before_starting_ray(folder, tmp_path, capsys, monkeypatch, args, message):
+    args = [a.format(folder=folder, missing=tmp_path / "nope") for a in args]
+    code, _, err = run_cli(serve_main, args, capsys, monkeypatch)
+    assert message in one_line_error(code, err, "vvs-serve")
