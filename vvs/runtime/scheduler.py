@@ -59,7 +59,6 @@ class Request:
     def fail(self, error: BaseException) -> None:
         _settle(self.future, Future.set_exception, error)
 
-    @property
     def abandoned(self) -> bool:
         """Cancelled by the caller, failed, or past its deadline (then failed here)."""
         if not self.future.done() and self.deadline is not None and time.monotonic() > self.deadline:
@@ -135,7 +134,7 @@ class Scheduler:
                     return
                 if self.closed:
                     break
-                self.waiting = deque(w for w in self.waiting if not w[0].abandoned)
+                self.waiting = deque(w for w in self.waiting if not w[0].abandoned())
             try:
                 self._round()
             except Exception as error:  # noqa: BLE001 - a bug or an exhausted device: fail what runs, go on
@@ -151,7 +150,7 @@ class Scheduler:
 
     def _round(self) -> None:
         for key in list(self.running):
-            self._leave(key, [not r.abandoned for r, _ in self.running[key].owners])
+            self._leave(key, [not r.abandoned() for r, _ in self.running[key].owners])
         self._admit()
         for key in list(self.running):
             self._step(key)
