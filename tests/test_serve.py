@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import ray
-import torch
 from PIL import Image
 from ray import serve
 

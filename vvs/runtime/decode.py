@@ -36,7 +36,6 @@ class Decoding:
     def __init__(self, engines: EngineSet, conditions: torch.Tensor, opts: DecodeOptions, seeds: list[int],
                  caption_mask: torch.Tensor | None = None):
         self._setup(engines, opts, conditions.shape[0])
-        cfg = self.cfg
         self.random = ImageRandom(seeds, self.dev)
         self.conditions = conditions.to(self.dev)
         self.kv = KVCache(self.layout, self._kv_buffer())

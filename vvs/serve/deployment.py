@@ -63,11 +63,11 @@ class VVSServer:
                                  self.pipe.engines.target.model_type == "t2i", self.max_images)
             job = self.pipe.submit(req.conditions, req.mode, req.seed, caption_mask=req.caption_mask,
                                    timeout=req.timeout, **req.options)
-            tokens, stats = await asyncio.wrap_future(job.future)
+            await asyncio.wrap_future(job.future)
             gen = job.result()
             if req.decode:  # pixels off the event loop, so other requests keep flowing
                 gen.images, gen.decode_seconds = await asyncio.get_running_loop().run_in_executor(
-                    None, self.pipe.decode, tokens)
+                    None, self.pipe.decode, gen.tokens)
         except asyncio.CancelledError:  # the client went away: free the batch slots now
             if job is not None:
                 job.cancel()
