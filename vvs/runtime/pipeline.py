@@ -56,7 +56,8 @@ class Pipeline:
     def __init__(self, engines: EngineSet, options: DecodeOptions | None = None, max_batch: int = 16,
                  max_queue: int = 256):
         """``max_batch``: images decoded together at most; ``max_queue``: images waiting at most (more is
-        :class:`~vvs.runtime.scheduler.Busy`)."""
+        :class:`~vvs.runtime.scheduler.Busy`). The engine set's pool keeps the cache buffers of every batch size it
+        has decoded (so that addresses recur for CUDA graphs and TensorRT): size ``max_batch`` for that memory."""
         self.engines = engines
         self.options = options or DecodeOptions.from_dict(engines.default_options)
         self.scheduler = Scheduler(engines, max_batch, max_queue)
