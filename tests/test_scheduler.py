@@ -140,3 +140,23 @@ def test_a_failing_step_fails_its_requests_and_the_scheduler_goes_on(pipeline_fa
         pipe.generate(torch.tensor([1, 2]), mode="ar", seed=0, decode_images=False)
     assert pipe.generate(torch.tensor([1]), mode="ar", seed=0, decode_images=False).tokens.shape[0] == 1
     _wait_idle(pipe)
+
+
+def test_a_hung_step_shows_as_stalled_and_an_idle_scheduler_does_not(pipeline_factory, monkeypatch):
+    pipe = pipeline_factory()
+    release = threading.Event()
+    step = AutoRegression.step
+
+    def hanging(self):
+        release.wait(30)
+        return step(self)
+
+    monkeypatch.setattr(AutoRegression, "step", hanging)
+    job = pipe.submit(torch.tensor([1]), mode="ar", seed=0)
+    time.sleep(0.5)
+    assert pipe.scheduler.stalled_for() >= 0.4
+    release.set()
+    job.result(60)
+    _wait_idle(pipe)
+    time.sleep(0.3)
+    assert pipe.scheduler.stalled_for() == 0.0

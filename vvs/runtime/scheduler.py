@@ -91,6 +91,7 @@ class Scheduler:
         self.closed = False
         self.thread: threading.Thread | None = None
         self.occupancy = (0, 0)  # running images and batches, as of the last round (read by other threads)
+        self.last_round = time.monotonic()
 
     def submit(self, conditions: torch.Tensor, opts: DecodeOptions, seeds: list[int],
                caption_mask: torch.Tensor | None = None, timeout: float | None = None) -> Future:
@@ -107,6 +108,7 @@ class Scheduler:
                            "retry later or raise max_queue")
             self.waiting.extend((request, i) for i in range(request.images))
             if self.thread is None:
+                self.last_round = time.monotonic()
                 self.thread = threading.Thread(target=self._serve, name="vvs-scheduler", daemon=True)
                 self.thread.start()
         return request.future
@@ -115,6 +117,13 @@ class Scheduler:
         running_images, running_batches = self.occupancy
         return {"waiting_images": len(self.waiting), "running_images": running_images,
                 "running_batches": running_batches, "max_batch": self.max_batch, "max_queue": self.max_queue}
+
+    def stalled_for(self) -> float:
+        """Seconds since the last round ended while there is work (0 when idle): a hung device or backend shows
+        here, for a service's health check."""
+        with self.lock:
+            busy = self.thread is not None
+        return time.monotonic() - self.last_round if busy else 0.0
 
     def close(self) -> None:
         """Fail what is queued or running and stop the thread."""
@@ -140,6 +149,7 @@ class Scheduler:
             except Exception as error:  # noqa: BLE001 - a bug or an exhausted device: fail what runs, go on
                 self._fail_running(error)
             self.occupancy = (sum(len(r.owners) for r in self.running.values()), len(self.running))
+            self.last_round = time.monotonic()
         closed = VVSError("the pipeline was closed")
         with self.lock:
             for request, _ in self.waiting:

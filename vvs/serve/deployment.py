@@ -24,6 +24,9 @@ from vvs.runtime.scheduler import Busy, RequestTimeout
 from vvs.serve.api import ApiError, generation_response, parse_generate
 
 
+STALL_LIMIT_S = 300.0  # far above one decoding cycle (milliseconds on a GPU, about 0.1 s here on 2 CPU cores)
+
+
 class VVSServer:
     def __init__(self, engine_dir: str, backend: str = "auto", device: str | None = None, threads: int | None = None,
                  max_batch: int = 16, max_queue: int = 256, max_images: int = 64):
@@ -97,9 +100,11 @@ class VVSServer:
         return JSONResponse({"status": "ok", **self.pipe.scheduler.status()})
 
     def check_health(self) -> None:
-        """Ray's periodic health check: a replica whose scheduler was closed is restarted."""
-        if self.pipe.scheduler.closed:
-            raise VVSError("the pipeline is closed")
+        """Ray's periodic health check: a replica whose decoding has made no progress for ``STALL_LIMIT_S`` while
+        it has work is restarted (its requests fail with a 500)."""
+        stalled = self.pipe.scheduler.stalled_for()
+        if stalled > STALL_LIMIT_S:
+            raise VVSError(f"no decoding progress for {stalled:.0f} s")
 
 
 def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
