@@ -40,8 +40,8 @@ class Request:
     seeds: list[int]
     deadline: float | None  # time.monotonic() after which the request fails
     future: Future = field(default_factory=Future)
-    tokens: list = field(default_factory=list)
-    stats: list = field(default_factory=list)
+    tokens: list = field(init=False)  # per image, filled as images finish
+    stats: list = field(init=False)
 
     def __post_init__(self):
         self.tokens = [None] * len(self.seeds)
