@@ -142,9 +142,9 @@ def test_statistics_never_replace_what_is_not_a_regular_file(folder, tmp_path, c
 
 def test_a_graph_missing_from_the_file_list_is_refused(folder, capsys, monkeypatch):
     manifest = json.loads((folder / "manifest.json").read_text())
-    del manifest["files"]["drafter_step.onnx"]
+    del manifest["files"]["draft_tree.onnx"]
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(EngineFolderError, match="drafter_step.onnx: not in the manifest's file list"):
+    with pytest.raises(EngineFolderError, match="draft_tree.onnx: not in the manifest's file list"):
         load_engines(folder, "onnxruntime")
 
 

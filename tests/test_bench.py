@@ -41,19 +41,20 @@ def test_sweep_and_mode_errors():
 
 
 def test_tuner_prefers_smaller_trees_when_verification_cost_grows():
-    # measured per image: bigger trees need fewer target forwards but more drafter calls
-    forwards = {(8, 3, 3): (120.0, 480.0), (24, 4, 5): (95.0, 475.0), (59, 4, 10): (85.0, 425.0)}
+    # measured per image: bigger trees need fewer target forwards and cycles, but cost more per drafting call
+    measured = {(8, 3, 3): (120.0, 200.0, 1e-5), (24, 4, 5): (95.0, 110.0, 1e-5), (59, 4, 10): (85.0, 90.0, 1e-5)}
     flat = {1: 1e-3, 8: 1e-3, 32: 1e-3, 64: 1e-3}  # GPU-like: a 60-node verify costs a 1-token step
     steep = {1: 1e-3, 8: 2e-3, 32: 6e-3, 64: 11e-3}  # CPU-like: cost grows with the tree
-    assert choose_tree(flat, 1e-5, forwards).tree_size == 59
-    assert choose_tree(steep, 1e-5, forwards).tree_size == 8
-    expensive_drafter = choose_tree(flat, 1e-3, forwards)
-    assert expensive_drafter.predicted_seconds == pytest.approx(min(
-        t * 1e-3 + d * 1e-3 for t, d in forwards.values()))
+    assert choose_tree(flat, measured).tree_size == 59
+    assert choose_tree(steep, measured).tree_size == 8
+    # drafting a big tree can cost more than it saves
+    pricey = {**measured, (59, 4, 10): (85.0, 90.0, 5e-3)}
+    choice = choose_tree(flat, pricey)
+    assert choice.tree_size == 24
+    assert choice.predicted_seconds == pytest.approx(95.0 * 1e-3 + 110.0 * 1e-5)
     # a runtime cost per cycle favours trees that need fewer cycles
-    cycles = {key: (t, d, c) for (key, (t, d)), c in zip(forwards.items(), (200.0, 110.0, 90.0))}
-    assert choose_tree(steep, 1e-5, cycles, cycle_cost=0.0).tree_size == 8
-    assert choose_tree(steep, 1e-5, cycles, cycle_cost=5e-3).tree_size == 24
+    assert choose_tree(steep, measured, cycle_cost=0.0).tree_size == 8
+    assert choose_tree(steep, measured, cycle_cost=5e-3).tree_size == 24
 
 
 def test_bench_command_writes_results(tiny_folder, tmp_path, capsys, monkeypatch):

@@ -81,7 +81,7 @@ def test_export_writes_a_folder_that_runs(bundle_factory, tmp_path, capsys, monk
     assert "wrote" in stdout and (out / "manifest.json").is_file()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["tables"]["neighbours_per_code"] == 8
-    assert set(manifest["graphs"]) == {"target_prefill", "target_verify", "drafter_step", "vq_decode"}
+    assert set(manifest["graphs"]) == {"target_prefill", "target_verify", "draft_tree", "vq_decode"}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".engines")]
 
 

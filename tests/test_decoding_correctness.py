@@ -37,8 +37,8 @@ def record_trees(monkeypatch) -> list[DraftTree]:
     trees = []
     draft = Speculation.draft
 
-    def recording(self, active):
-        tree = draft(self, active)
+    def recording(self, *feed):
+        tree = draft(self, *feed)
         trees.append(tree)
         return tree
 
@@ -73,9 +73,9 @@ def test_select_tree_keeps_every_parent(data):
         offset += k * k
     pool = torch.cat(scores)
     tree_size = data.draw(st.integers(2, len(pool) + 1), label="tree_size")
-    tree = select_tree(torch.tensor([0]), torch.arange(len(pool))[None] + 1, pool[None], torch.cat(parent)[None],
-                       torch.cat(depths)[None], tree_size, depth + 1)
-    check_tree(tree)
+    tokens, *structure = select_tree(torch.arange(len(pool))[None] + 1, pool[None], torch.cat(parent)[None],
+                                     torch.cat(depths)[None], tree_size, depth + 1)
+    check_tree(DraftTree(torch.cat([torch.tensor([[0]]), tokens], 1), *structure, depth + 1))
 
 
 @pytest.mark.parametrize("options", [
@@ -191,7 +191,8 @@ def hand_tree(parents: list[int], tokens: list[int]) -> DraftTree:
     depth = [0]
     for p in parents[1:]:
         depth.append(depth[p] + 1)
-    return DraftTree(torch.tensor([tokens]), parent, torch.tensor([depth]), ancestor_matrix(parent, len(parents)))
+    return DraftTree(torch.tensor([tokens]), parent, torch.tensor([depth]), ancestor_matrix(parent, len(parents)),
+                     max(depth))
 
 
 def test_path_similarity_on_hand_made_trees():
@@ -223,7 +224,7 @@ def test_path_similarity_does_not_depend_on_the_batch(pipe, monkeypatch):
         together = path_similarity(tree, codebook, 0.9)
         for i in range(tree.tokens.shape[0]):
             one = DraftTree(tree.tokens[i : i + 1], tree.parent[i : i + 1], tree.depth[i : i + 1],
-                            tree.ancestors[i : i + 1])
+                            tree.ancestors[i : i + 1], tree.max_depth)
             assert float(path_similarity(one, codebook, 0.9)) == pytest.approx(float(together[i]), abs=1e-6)
 
 
@@ -268,10 +269,10 @@ def test_after_a_skip_the_drafter_reads_cached_target_features(pipe, monkeypatch
     seen = []
     accept = Speculation.accept_unverified
 
-    def capturing(self, tree, skipping, nxt, u):
+    def capturing(self, skipping, u):
         count_before = self.d.count.clone()
-        accept(self, tree, skipping, nxt, u)
-        seen.append((count_before, nxt.count.clone(), nxt.features.clone(), skipping.clone()))
+        accept(self, skipping, u)
+        seen.append((count_before, self.feed.count.clone(), self.feed.features.clone(), skipping.clone()))
 
     monkeypatch.setattr(Speculation, "accept_unverified", capturing)
     gen = pipe.generate(torch.tensor([4]), mode="vvs", seed=2, temperature=1.0, cfg_scale=2.0, skip_interval=2,

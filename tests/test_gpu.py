@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_graph_replay_equals_eager_per_graph(bundle_factory):
     engines = torch_engines(copy.deepcopy(bundle_factory()), "cuda")
     cfg = engines.target
-    for name in ("target_verify", "drafter_step"):
+    for name in ("target_verify", "draft_tree"):
         eager = engines.graphs[name]
         graphed = GraphedEngine(eager)
         for dims in (dict(batch=2, images=1, new=1, past=9), dict(batch=4, images=2, new=12, past=20)):

@@ -9,6 +9,7 @@ from vvs.engines import load_engines
 from vvs.export.exporter import export_folder
 from vvs.export.graphs import build_graphs
 from vvs.export.spec import sample_inputs
+from vvs.runtime.options import DecodeOptions
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def test_qdq_graph_zero_points_are_int8(int8_folder):
     for node in qdq:
         zp = constants[node.input[2]]
         assert zp.dtype.name == "int8" and not zp.any()
-    drafter = onnx.load(str(int8_folder / "drafter_step.onnx"))
+    drafter = onnx.load(str(int8_folder / "draft_tree.onnx"))
     assert not any(n.op_type == "QuantizeLinear" for n in drafter.graph.node)  # the drafter stays unquantized
 
 
@@ -45,7 +46,7 @@ def test_int8_logits_close_to_fp32(bundle_factory, int8_folder):
     inputs = sample_inputs(spec, cfg.vocab_size, cfg.max_positions - 1, dict(batch=4, images=2, new=12, past=5))
     got = engines.graphs["target_verify"].run(**dict(zip(spec.input_names, inputs)))["logits"]
     with torch.no_grad():
-        want = build_graphs(bundle.target, bundle.drafter, bundle.vq, 10)["target_verify"](*inputs)[0]
+        want = build_graphs(bundle.target, bundle.drafter, bundle.vq, DecodeOptions(**SMALL).tree)["target_verify"](*inputs)[0]
     assert (got - want).abs().max() <= 0.05 * want.abs().max()
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
     torch_int8 = load_engines(int8_folder, "torch").graphs["target_verify"].run(**dict(zip(spec.input_names, inputs)))

@@ -22,7 +22,7 @@ from vvs.runtime.pipeline import Pipeline
 
 trt = pytest.importorskip("tensorrt_rtx", reason="the test set-up installs tensorrt-rtx-cu13 from PyPI")
 
-GRAPHS = ("target_prefill", "target_verify", "drafter_step", "vq_decode")
+GRAPHS = ("target_prefill", "target_verify", "draft_tree", "vq_decode")
 TRT_TYPES = {"float32": "FLOAT", "float16": "HALF", "int64": "INT64", "bool": "BOOL"}
 
 
@@ -66,7 +66,7 @@ def test_profiles_cover_every_bucket_the_runtime_requests(built):
     manifest = read_manifest(built)
     opts = DecodeOptions.from_dict(manifest["decoding_defaults"])
     c = manifest["model"]["target"]["cls_token_num"]
-    for name in ("target_verify", "drafter_step"):
+    for name in ("target_verify", "draft_tree"):
         news = sorted(p["input_ids"][1][1] for p in shape_ranges(manifest, name, 4))
         assert news == buckets(name, c, opts)
     assert opts.tree_size + opts.max_path_tokens in buckets("target_verify", c, opts)

@@ -1,11 +1,12 @@
 """``vvs-bench --tune``: pick the draft tree and skip setting that are fastest on *this* backend and machine.
 
 On a GPU a 60-node verification costs about as much as a 1-token step; on a CPU it costs several times more.
-The tuner therefore measures the backend's step costs (verify against the number of new positions, one drafter
-call), measures how many target and drafter forwards and decoding cycles each candidate tree needs per image
-(with the most frequent skipping, interval 2), and predicts seconds per image as ``verify forwards x verify cost
-+ drafter forwards x drafter cost + cycles x runtime cost per cycle``. The skip interval is then chosen by
-measured wall-clock among the intervals whose quality stays within AR's seed-to-seed spread.
+The tuner therefore measures the backend's verify cost against the number of new positions, then decodes a few
+images with each candidate tree (with the most frequent skipping, interval 2) to measure its target forwards and
+cycles per image and its drafting seconds per cycle (one ``draft_tree`` call, whose cost grows with the tree),
+and predicts seconds per image as ``verify forwards x verify cost + cycles x (drafting + runtime cost per
+cycle)``. The skip interval is then chosen by measured wall-clock among the intervals whose quality stays within
+AR's seed-to-seed spread.
 """
 from __future__ import annotations
 
@@ -45,9 +46,8 @@ def _time(fn, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def measure_step_costs(pipe: Pipeline, sizes: list[int], repeats: int = 5) -> tuple[dict[int, float], float]:
-    """Median seconds of one verify call per number of new positions (CFG batch of one image, full cache),
-    and of one drafter call over ``draft_top_k`` nodes."""
+def measure_verify_costs(pipe: Pipeline, sizes: list[int], repeats: int = 5) -> dict[int, float]:
+    """Median seconds of one verify call per number of new positions (CFG batch of one image, full cache)."""
     e = pipe.engines
     cfg = e.target
     rows, capacity = 2, cfg.max_positions + 12
@@ -60,15 +60,7 @@ def measure_step_costs(pipe: Pipeline, sizes: list[int], repeats: int = 5) -> tu
                       attn_mask=torch.ones(rows, 1, t, capacity + t, dtype=torch.bool, device=e.device),
                       past_kv=kv, cfg_mix=mix)
         costs[t] = _time(lambda: e.graphs["target_verify"].run(**inputs), repeats)
-    k = pipe.options.draft_top_k
-    dkv = torch.zeros(e.drafter_layers, 2, rows, cfg.n_head, capacity, cfg.head_dim, dtype=e.dtype, device=e.device)
-    dinputs = dict(features=torch.zeros(rows, k, cfg.dim, dtype=e.dtype, device=e.device),
-                   input_ids=torch.zeros(rows, k, dtype=torch.long, device=e.device),
-                   position_ids=torch.full((rows, k), cfg.max_positions - 1, device=e.device),
-                   attn_mask=torch.ones(rows, 1, k, capacity + k, dtype=torch.bool, device=e.device), past_kv=dkv,
-                   cfg_mix=mix, temperature=torch.ones(1, device=e.device),
-                   top_k=torch.zeros(1, dtype=torch.long, device=e.device), top_p=torch.ones(1, device=e.device))
-    return costs, _time(lambda: e.graphs["drafter_step"].run(**dinputs), repeats)
+    return costs
 
 
 def interpolate(costs: dict[int, float], t: int) -> float:
@@ -81,34 +73,33 @@ def interpolate(costs: dict[int, float], t: int) -> float:
     return costs[xs[-1]] * t / xs[-1]
 
 
-def choose_tree(verify_cost: dict[int, float], drafter_cost: float, forwards: dict[tuple[int, int, int], tuple],
+def choose_tree(verify_cost: dict[int, float], measured: dict[tuple[int, int, int], tuple[float, float, float]],
                 cycle_cost: float = 0.0) -> TreeChoice:
-    """The candidate with the lowest predicted seconds per image. ``forwards[(tree, depth, k)]`` = measured
-    (target forwards, drafter forwards[, cycles]) per image; a verification after a skip also carries the
-    skipped chain (up to depth + 1 tokens)."""
+    """The candidate with the lowest predicted seconds per image. ``measured[(tree, depth, k)]`` = (target
+    forwards, cycles, drafting seconds per cycle) per image; a verification after a skip also carries the skipped
+    chain (up to depth + 1 tokens)."""
     best = None
-    for (tree, depth, k), measured in forwards.items():
-        target_fw, drafter_fw = measured[:2]
-        cycles = measured[2] if len(measured) > 2 else target_fw
-        seconds = (target_fw * interpolate(verify_cost, tree + depth + 1) + drafter_fw * drafter_cost
-                   + cycles * cycle_cost)
+    for (tree, depth, k), (target_fw, cycles, draft_cost) in measured.items():
+        seconds = target_fw * interpolate(verify_cost, tree + depth + 1) + cycles * (draft_cost + cycle_cost)
         if best is None or seconds < best.predicted_seconds:
             best = TreeChoice(tree, depth, k, seconds)
     return best
 
 
-def measure_forwards(pipe: Pipeline, classes: torch.Tensor, base: dict, candidates=TREE_CANDIDATES, seed: int = 0):
-    """Per candidate tree, on a few images: (target forwards, drafter forwards, cycles) per image; and the
-    runtime's own seconds per cycle (time outside the graphs), median over candidates."""
+def measure_trees(pipe: Pipeline, classes: torch.Tensor, base: dict, candidates=TREE_CANDIDATES, seed: int = 0):
+    """Per candidate tree, on a few images: (target forwards, cycles, drafting seconds per cycle) per image; and
+    the runtime's own seconds per cycle (time outside the graphs), median over candidates."""
     out, per_cycle = {}, []
     for tree, depth, k in candidates:
         if k > pipe.engines.max_draft_top_k:
             continue
-        g = pipe.generate(classes, seed=seed, decode_images=False, tree_size=tree, depth=depth, draft_top_k=k, **base)
+        options = dict(tree_size=tree, depth=depth, draft_top_k=k, **base)
+        pipe.generate(classes[:1], seed=seed, decode_images=False, **options)  # warm-up (and the graph's export)
+        g = pipe.generate(classes, seed=seed, decode_images=False, **options)
         n = len(g.stats)
         cycles = sum(len(s.trace) for s in g.stats)
-        out[(tree, depth, k)] = (sum(s.target_forwards for s in g.stats) / n,
-                                 sum(s.drafter_forwards for s in g.stats) / n, cycles / n)
+        out[(tree, depth, k)] = (sum(s.target_forwards for s in g.stats) / n, cycles / n,
+                                 sum(s.draft_seconds for s in g.stats) / cycles)
         per_cycle.append(sum(s.other_seconds for s in g.stats) / cycles)
     return out, statistics.median(per_cycle)
 
@@ -118,12 +109,12 @@ def tune(pipe: Pipeline, classes: list[int], seeds: int, instruments=None, log=p
     from vvs.bench import Setting, run_benchmark, within_ar_spread
 
     labels = torch.tensor(classes)
-    costs, draft_cost = measure_step_costs(pipe, sorted({1, 8, 16, 32, 64, 72}))
-    log("verify seconds by new positions: " + ", ".join(f"{t}: {c * 1e3:.2f} ms" for t, c in costs.items())
-        + f"; drafter call: {draft_cost * 1e3:.2f} ms")
+    costs = measure_verify_costs(pipe, sorted({1, 8, 16, 32, 64, 72}))
+    log("verify seconds by new positions: " + ", ".join(f"{t}: {c * 1e3:.2f} ms" for t, c in costs.items()))
     base = {"mode": "vvs", "skip_policy": "uniform"}
-    forwards, cycle_cost = measure_forwards(pipe, labels[: max(2, len(labels) // 4)], {**base, "skip_interval": 2})
-    tree = choose_tree(costs, draft_cost, forwards, cycle_cost)
+    measured, cycle_cost = measure_trees(pipe, labels[: max(2, len(labels) // 4)], {**base, "skip_interval": 2})
+    log("draft_tree call by tree: " + ", ".join(f"{t}x{d}x{k}: {m[2] * 1e3:.2f} ms" for (t, d, k), m in measured.items()))
+    tree = choose_tree(costs, measured, cycle_cost)
     log(f"runtime cost per cycle: {cycle_cost * 1e3:.2f} ms; tree: size {tree.tree_size}, depth {tree.depth}, "
         f"top-k {tree.draft_top_k} (predicted {tree.predicted_seconds:.3f} s/image)")
     chosen = {"tree_size": tree.tree_size, "depth": tree.depth, "draft_top_k": tree.draft_top_k}

@@ -1,6 +1,6 @@
 """The interface between the decoding runtime and a backend.
 
-A backend provides one :class:`Engine` per graph (``target_prefill``, ``target_verify``, ``drafter_step``,
+A backend provides one :class:`Engine` per graph (``target_prefill``, ``target_verify``, ``draft_tree``,
 ``vq_decode``); each is called with tensors by the input names of its :class:`~vvs.export.spec.GraphSpec` and
 returns a dict by output name. Tensors cross the interface as torch tensors on ``EngineSet.device``, so the
 runtime's control logic is the same code for every backend.
@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
 from vvs.export.spec import GraphSpec
 from vvs.models.gpt import GPTConfig
 from vvs.runtime.neighbours import nearest_codes
-from vvs.runtime.options import OptionsError
+from vvs.runtime.options import OptionsError, TreeShape
 
-GRAPHS = ("target_prefill", "target_verify", "drafter_step", "vq_decode")
+GRAPHS = ("target_prefill", "target_verify", "draft_tree", "vq_decode")
 
 
 class Engine(Protocol):
@@ -43,6 +43,11 @@ class EngineSet:
     buffers: dict = field(default_factory=dict, repr=False)  # (name, shape) -> free cache buffers
     buffer_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     on_close: list = field(default_factory=list, repr=False)  # callables that persist state (TensorRT-RTX's cache)
+    # draft_tree graphs by tree shape (graphs["draft_tree"] is the folder's own); ``tree_loader`` makes one for
+    # another shape where the backend can, else it is None
+    trees: dict = field(default_factory=dict, repr=False)
+    tree_loader: Callable[[TreeShape], Engine] | None = field(default=None, repr=False)
+    tree_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def close(self) -> None:
         """Persist what the backend learnt while running (also done when the process exits)."""
@@ -79,6 +84,19 @@ class EngineSet:
         if opts.relaxed and stored is not None and opts.lantern_k > stored:
             raise OptionsError.bad("lantern_k", opts.lantern_k, f"the engine folder stores {stored} neighbours per "
                                                                 "code; re-export with a larger --lantern-k")
+
+    def draft_tree(self, tree: TreeShape) -> Engine:
+        """The ``draft_tree`` engine that grows trees of this shape."""
+        with self.tree_lock:
+            engine = self.trees.get(tree)
+            if engine is None:
+                if self.tree_loader is None:
+                    built = ", ".join(t.name for t in self.trees) or "none"
+                    raise OptionsError(f"options tree_size={tree.tree_size}, depth={tree.depth}, draft_top_k="
+                                       f"{tree.draft_top_k}: the {self.backend} engines are built for trees {built} "
+                                       "(size x depth x top-k); rebuild them with these as the decoding defaults")
+                engine = self.trees[tree] = self.tree_loader(tree)
+            return engine
 
     def neighbours(self, k: int) -> torch.Tensor:
         """``[vocab, k]`` nearest codes of every code (LANTERN's proximity sets)."""

@@ -3,8 +3,8 @@
 The decoding loop asks for whatever ``new`` length a step needs; :class:`BucketedEngine` pads it to the
 smallest bucket (extra rows see only themselves, real rows never see them) and slices the outputs back, so the
 loop itself never knows about buckets. The buckets follow from the decoding options: AR steps (1), the
-drafter's first call (C condition slots), its stable updates (depth + 2), its tree levels (draft_top_k), a tree
-(tree_size), and a skipped chain plus a tree (tree_size + depth + 2).
+drafter's first call (C condition slots), its stable updates (depth + 2), a tree (tree_size), and a skipped chain
+plus a tree (tree_size + depth + 2).
 """
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ import torch
 from vvs.errors import VVSError
 from vvs.runtime.options import DecodeOptions
 
-PAST_SLACK = 16  # KV capacity beyond condition + image tokens that profiles admit (2 x (depth + 2) for depth <= 6)
+PAST_SLACK = 16  # KV slots beyond condition + image tokens that profiles admit (2 x (depth + 2) + 1 for depth <= 5)
 
 
 def buckets(graph: str, cls_token_num: int, opts: DecodeOptions) -> list[int]:
     width = opts.max_path_tokens
     if graph == "target_verify":
         return sorted({1, opts.tree_size, opts.tree_size + width})
-    if graph == "drafter_step":
-        return sorted({cls_token_num, width, opts.draft_top_k})
+    if graph == "draft_tree":
+        return sorted({cls_token_num, width})
     return []
 
 

@@ -54,9 +54,9 @@ class GraphedEngine:
 
 
 def capture_graphs(engines: EngineSet, options: DecodeOptions | None = None) -> EngineSet:
-    """Wrap the per-step graphs (drafter step, verify) in CUDA graphs over the option's buckets."""
+    """Wrap the per-cycle graphs (draft tree, verify) in CUDA graphs over the option's buckets."""
     opts = options or DecodeOptions.from_dict(engines.default_options)
-    for name in ("target_verify", "drafter_step"):
+    for name in ("target_verify", "draft_tree"):
         engines.graphs[name] = BucketedEngine(GraphedEngine(engines.graphs[name]),
                                               buckets(name, engines.target.cls_token_num, opts))
     engines.backend += "+cuda-graphs"

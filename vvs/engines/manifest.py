@@ -128,9 +128,11 @@ def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device)
     from vvs.engines.base import EngineSet
     from vvs.models.gpt import GPTConfig
 
+    from vvs.runtime.options import TreeShape
+
     tables = load_file(Path(folder) / manifest["tables"]["file"])
     act = next(t for t in graphs["target_verify"].spec.inputs if t.name == "past_kv").dtype
-    return EngineSet(
+    engines = EngineSet(
         backend=backend,
         target=GPTConfig(**manifest["model"]["target"]),
         drafter_layers=manifest["model"]["drafter"]["num_hidden_layers"],
@@ -143,3 +145,5 @@ def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device)
         neighbour_table=tables["neighbours"].to(device),
         default_options=manifest["decoding_defaults"],
     )
+    engines.trees[TreeShape(*manifest["graphs"]["draft_tree"]["tree"])] = graphs["draft_tree"]
+    return engines

@@ -15,6 +15,7 @@ import torch
 from vvs.engines.base import GRAPHS, EngineSet
 from vvs.engines.manifest import (EngineFolderError, check_onnx_matches_spec, engine_set, graph_spec,
                                   read_manifest, verify_files)
+from vvs.export.exporter import export_tree
 from vvs.export.spec import GraphSpec
 
 NUMPY = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
@@ -62,12 +63,8 @@ def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | Non
     options.log_severity_level = 3
     # ORT's worker threads otherwise spin after every run and starve the runtime's own (torch) tensor code
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    engines = {}
-    for name in GRAPHS:
-        if name not in manifest["graphs"]:
-            raise EngineFolderError(f"{folder / 'manifest.json'}: lists no {name} graph; re-export the folder")
-        spec = graph_spec(manifest, name)
-        path = folder / manifest["graphs"][name]["file"]
+
+    def load(path: Path, spec: GraphSpec) -> OrtEngine:
         check_onnx_matches_spec(path, spec)
         try:
             session = ort.InferenceSession(str(path), options, providers=providers_for(device))
@@ -75,5 +72,13 @@ def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | Non
             raise EngineFolderError(f"{path}: ONNX Runtime cannot load it ({str(err).splitlines()[0]})") from None
         if device.type == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
             raise EngineFolderError(f"{path}: the CUDA execution provider did not load (check CUDA 13 / cuDNN 9)")
-        engines[name] = OrtEngine(session, spec, device)
-    return engine_set("onnxruntime", folder, manifest, engines, device)
+        return OrtEngine(session, spec, device)
+
+    engines = {}
+    for name in GRAPHS:
+        if name not in manifest["graphs"]:
+            raise EngineFolderError(f"{folder / 'manifest.json'}: lists no {name} graph; re-export the folder")
+        engines[name] = load(folder / manifest["graphs"][name]["file"], graph_spec(manifest, name))
+    result = engine_set("onnxruntime", folder, manifest, engines, device)
+    result.tree_loader = lambda tree: load(*export_tree(folder, manifest, tree))
+    return result

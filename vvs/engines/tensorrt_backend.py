@@ -151,7 +151,7 @@ def load_tensorrt(folder: str | Path, device: str = "cuda", cuda_graphs: bool = 
     if cuda_graphs:
         from vvs.engines.cuda_graphs import GraphedEngine
 
-        for name in ("target_verify", "drafter_step"):
+        for name in ("target_verify", "draft_tree"):
             bucketed = engines.graphs[name]
             bucketed.inner = GraphedEngine(bucketed.inner)
         engines.backend += "+cuda-graphs"

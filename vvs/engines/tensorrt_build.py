@@ -29,6 +29,7 @@ import onnx
 from vvs.engines.buckets import PAST_SLACK, buckets
 from vvs.engines.manifest import MANIFEST, file_record, graph_spec, read_manifest, verify_files
 from vvs.errors import VVSError
+from vvs.runtime.cache import KVCache
 from vvs.runtime.options import DecodeOptions
 
 TIMING_CACHE = "timing.cache"
@@ -102,10 +103,8 @@ def shape_ranges(manifest: dict, name: str, max_images: int) -> list[dict[str, t
     target = manifest["model"]["target"]
     opts = DecodeOptions.from_dict(manifest["decoding_defaults"])
     c, n = target["cls_token_num"], target["grid_size"] ** 2
-    base = c + n + 2 * opts.max_path_tokens
-    past = {"target_verify": (c + n, base, c + n + PAST_SLACK),
-            "drafter_step": (c + n, base + opts.depth * opts.draft_top_k,
-                             c + n + PAST_SLACK + opts.depth * opts.draft_top_k)}.get(name, (0, 0, 0))
+    base = KVCache.slots(c + n + 2 * opts.max_path_tokens)  # the runtime's cache buffers
+    past = (c + n, base, c + n + PAST_SLACK) if name in ("target_verify", "draft_tree") else (0, 0, 0)
     news = buckets(name, c, opts) or [0]
     profiles = []
     for new in news:

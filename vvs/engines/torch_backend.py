@@ -5,10 +5,11 @@ import torch
 from torch import nn
 
 from vvs.engines.base import EngineSet
-from vvs.export.graphs import build_graphs
-from vvs.export.spec import GraphSpec, graph_specs
+from vvs.export.graphs import DraftTreeGraph, build_graphs
+from vvs.export.spec import GraphSpec, draft_tree_spec, graph_specs
 from vvs.models.bundle import ModelBundle
 from vvs.models.layers import cast_floating
+from vvs.runtime.options import DecodeOptions, TreeShape
 
 
 class TorchEngine:
@@ -27,12 +28,19 @@ class TorchEngine:
 def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                   max_draft_top_k: int = 10, default_options: dict | None = None) -> EngineSet:
     device = torch.device(device)
-    graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, max_draft_top_k)
+    tree = DecodeOptions.from_dict(default_options or {}).tree
+    graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, tree)
     for module in graphs.values():
         cast_floating(module.to(device), dtype)
     act = "float16" if dtype == torch.float16 else "float32"
-    specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, max_draft_top_k, act)
-    return EngineSet(
+    specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, tree, act)
+
+    def tree_loader(shape: TreeShape) -> TorchEngine:  # any shape: the module shares the drafter's weights
+        module = DraftTreeGraph(bundle.drafter, graphs["draft_tree"].step.head, shape,
+                                bundle.target.config.max_positions - 1).eval()
+        return TorchEngine(module, draft_tree_spec(bundle.target.config, bundle.drafter.config, shape, act))
+
+    engines = EngineSet(
         backend="torch",
         target=bundle.target.config,
         drafter_layers=bundle.drafter.config.num_hidden_layers,
@@ -44,7 +52,10 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
         default_options=dict(default_options or {}),
         null_condition=(None if bundle.target.config.model_type == "c2i"
                         else bundle.target.cls_embedding.uncond_embedding.detach().clone()),
+        tree_loader=tree_loader,
     )
+    engines.trees[tree] = engines.graphs["draft_tree"]
+    return engines
 
 
 def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_graphs: bool = False) -> EngineSet:

@@ -1,5 +1,8 @@
 """``vvs-export``: a model bundle -> an engine folder (four ONNX graphs, tables, manifest).
 
+The ``draft_tree`` graph is built for the decoding defaults' tree shape; :func:`export_tree` adds other shapes
+to a folder on demand (``vvs-bench --tune`` and ``--sweep`` try several).
+
 The folder is built under a temporary name and renamed into place at the end, so an interrupted export never
 leaves a half-written folder behind (and never destroys a previous one until the new one is complete).
 """
@@ -21,17 +24,20 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 import vvs
-from vvs.engines.manifest import CALIBRATION, FORMAT, MANIFEST, TABLES, TORCH_WEIGHTS, file_record, read_manifest
+from vvs.engines.manifest import (CALIBRATION, FORMAT, MANIFEST, TABLES, TORCH_WEIGHTS, file_record, graph_spec,
+                                  read_manifest)
 from vvs.errors import VVSError
-from vvs.export.graphs import build_graphs
+from vvs.export.graphs import build_graphs, draft_tree_graph
 from vvs.export.onnx_export import OPSET, export_graph
-from vvs.export.spec import graph_specs
+from vvs.export.spec import DTYPES, GraphSpec, draft_tree_spec, graph_specs
 from vvs.models.bundle import ModelBundle
+from vvs.models.drafter import DrafterConfig
+from vvs.models.gpt import GPTConfig
 from vvs.models.layers import cast_floating
-from vvs.models.loading import save_model
+from vvs.models.loading import load_drafter, load_gpt, save_model
 from vvs.output import process_alive
 from vvs.runtime.neighbours import nearest_codes
-from vvs.runtime.options import DecodeOptions
+from vvs.runtime.options import DecodeOptions, TreeShape
 
 # the dtype of everything that is not quantized: int8 is W8A8 Q/DQ linears in an otherwise fp16 graph
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.float16}
@@ -65,8 +71,8 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
 
             bundle = int8_bundle(bundle, calibrate(bundle, work / CALIBRATION))
         act = "float16" if PRECISIONS[precision] == torch.float16 else "float32"
-        specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, max_draft_top_k, act)
-        graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, max_draft_top_k)
+        specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, defaults.tree, act)
+        graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, defaults.tree)
         for module in graphs.values():
             cast_floating(module, PRECISIONS[precision])
         files: list[Path] = []
@@ -79,6 +85,7 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
             onnx.checker.check_model(str(written[0]))
             files += written
             entries[name] = {"file": written[0].name, "spec": specs[name].to_dict()}
+        entries["draft_tree"]["tree"] = list(defaults.tree)
         tables = {"codebook": bundle.vq.quantize.codebook().detach().float().contiguous(),
                   "neighbours": nearest_codes(bundle.vq.quantize.codebook().detach(), k_nn)}
         if bundle.target.config.model_type == "t2i":
@@ -168,6 +175,31 @@ def _replace_dir(new: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(new, target)
+
+
+TREES = "trees"  # draft_tree graphs of other tree shapes, exported on demand
+
+
+def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, GraphSpec]:
+    """The ``draft_tree`` graph of ``tree`` for an engine folder, exported once from the folder's own torch
+    weights into its ``trees/`` subfolder (named after those weights' sha256, so a re-exported folder never picks
+    up a stale graph)."""
+    folder = Path(folder)
+    weights = "".join(manifest["files"][TORCH_WEIGHTS[m]]["sha256"][:8] for m in ("target", "drafter"))
+    path = folder / TREES / f"draft_tree-{tree.name}-{weights}.onnx"
+    target = GPTConfig(**manifest["model"]["target"])
+    act = graph_spec(manifest, "draft_tree").inputs[0].dtype
+    spec = draft_tree_spec(target, DrafterConfig(**manifest["model"]["drafter"]), tree, act)
+    if not path.is_file():
+        gpt = load_gpt(folder / TORCH_WEIGHTS["target"])
+        module = draft_tree_graph(gpt, load_drafter(folder / TORCH_WEIGHTS["drafter"], gpt.config), tree)
+        cast_floating(module, DTYPES[act])
+        try:
+            export_graph(module, spec, path, target.vocab_size, target.max_positions - 1)
+        except OSError as err:
+            raise VVSError(f"{path}: cannot write the draft_tree graph for tree {tree.name} ({err.strerror or err}); "
+                           "make the engine folder writable, or export it with this tree as a default") from None
+    return path, spec
 
 
 def write_defaults(folder: Path, defaults: dict) -> None:

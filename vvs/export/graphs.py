@@ -1,4 +1,4 @@
-"""The four graphs as torch modules: what ``vvs-export`` exports and what the torch backend runs.
+"""The graphs as torch modules: what ``vvs-export`` exports and what the torch backend runs.
 
 Each ``forward`` takes its inputs in :mod:`vvs.export.spec` order and returns its outputs in spec order.
 """
@@ -12,7 +12,10 @@ from torch import nn
 from vvs.models.drafter import Drafter
 from vvs.models.gpt import GPT
 from vvs.models.vq import VQModel
+from vvs.runtime.cache import causal_within
+from vvs.runtime.options import TreeShape
 from vvs.runtime.sampling import filter_logits, mix
+from vvs.runtime.tree import select_tree
 
 
 class TargetPrefill(nn.Module):
@@ -43,20 +46,108 @@ class TargetVerify(nn.Module):
 
 class DrafterStep(nn.Module):
     """Drafter forward with explicit features, then the target's head, guidance, the logits processor and top-k:
-    only ``max_top_k`` log-probabilities per node leave the graph."""
+    only ``top_k`` log-probabilities per node come out. One level of :class:`DraftTreeGraph`."""
 
-    def __init__(self, drafter: Drafter, head: nn.Linear, max_top_k: int):
+    def __init__(self, drafter: Drafter, head: nn.Linear, top_k: int):
         super().__init__()
         self.drafter = drafter
         self.head = head
-        self.max_top_k = max_top_k
+        self.top_k = top_k
 
     def forward(self, features, input_ids, position_ids, attn_mask, past_kv, cfg_mix, temperature, top_k, top_p):
         out = self.drafter(features, input_ids, position_ids, attn_mask, past_kv)
         logits = mix(cfg_mix, self.head(out.hidden).float())
         logp = torch.log_softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)
-        top = logp.topk(self.max_top_k, dim=-1)
+        top = logp.topk(self.top_k, dim=-1)
         return out.hidden, out.new_kv, top.values, top.indices
+
+
+class DraftTreeGraph(nn.Module):
+    """A whole EAGLE-2 draft tree in one call, so a speculative cycle makes one drafter call.
+
+    1. The drafter consumes the new stable slots (``new_count[i]`` of them valid; the last valid one holds the
+       root) against its cache; their keys/values are returned for the runtime to commit.
+    2. ``depth`` expansion levels: the ``draft_top_k`` best nodes so far (by cumulative log-probability) are fed
+       with their parent's hidden state and propose ``draft_top_k`` children each. Frontier keys/values live in a
+       scratch region after the stable cache, seen only by their own descendants.
+    3. The ``tree_size - 1`` best proposals form the tree (:func:`select_tree`).
+
+    The structure (size, depth, top-k) is fixed per graph; keys/values of the cache are laid out exactly as a
+    per-level drafter call sequence would see them, so the trees equal those of single drafter calls."""
+
+    def __init__(self, drafter: Drafter, head: nn.Linear, tree: TreeShape, max_position: int):
+        super().__init__()
+        self.step = DrafterStep(drafter, head, tree.draft_top_k)
+        self.tree = tree
+        self.max_position = max_position  # positions past the last image token only occur in discarded branches
+
+    def forward(self, features, input_ids, position_ids, past_kv, past_len, new_count, root_position, cfg_mix,
+                temperature, top_k, top_p):
+        k, depth = self.tree.draft_top_k, self.tree.depth
+        n, rows, m = cfg_mix.shape[0], features.shape[0], input_ids.shape[1]
+        groups = rows // n
+        stable = past_kv.shape[4]
+        dev = features.device
+        processor = (cfg_mix, temperature, top_k, top_p)
+        kv = torch.cat([past_kv, past_kv.new_zeros(*past_kv.shape[:4], depth * k, past_kv.shape[5])], 4)
+        slots = torch.arange(stable + depth * k, device=dev)
+
+        # 1. the new stable slots
+        length, count = past_len.repeat(groups), new_count.repeat(groups)
+        past = (slots < length[:, None])[:, None, :].expand(rows, m, -1)
+        mask = torch.cat([past, causal_within(count, m)], -1)[:, None]
+        hidden, stable_kv, logp, ids = self.step(features, input_ids, position_ids.clamp(max=self.max_position),
+                                                 mask, kv, *processor)
+        src = slots[None, :] - length[:, None]  # committed in place: slot length + j holds new slot j
+        take = (src >= 0) & (src < count[:, None])
+        index = src.clamp(0, m - 1)[None, None, :, None, :, None].expand(*kv.shape[:4], -1, kv.shape[5])
+        kv = torch.where(take[None, None, :, None, :, None], stable_kv.gather(4, index), kv)
+        last = new_count - 1
+        img = torch.arange(n, device=dev)
+        root_hidden = hidden[torch.arange(rows, device=dev), last.repeat(groups)]
+        logp, ids = logp[img, last], ids[img, last]
+
+        # 2. expansion levels
+        stable_visible = (slots < (length + count)[:, None]) & (slots < stable)  # [rows, S]
+        pool_tokens, pool_scores = [ids], [logp]
+        pool_parent = [torch.full((n, k), -1, dtype=torch.long, device=dev)]
+        pool_depth = [torch.ones(n, k, dtype=torch.long, device=dev)]
+        frontier_pool = torch.arange(k, device=dev).expand(n, k)  # pool index of each frontier node
+        frontier_tokens, frontier_scores = ids, logp
+        frontier_hidden = root_hidden[:, None, :].expand(-1, k, -1)
+        frontier_anc = torch.zeros(n, k, depth * k, dtype=torch.bool, device=dev)
+        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(rows, k, k)
+        offset = k
+        for level in range(1, depth + 1):
+            past = torch.cat([stable_visible[:, None, :stable].expand(rows, k, stable), frontier_anc.repeat(groups, 1, 1)],
+                             -1)
+            positions = (root_position + level).clamp(max=self.max_position)[:, None].expand(n, k)
+            hidden, new_kv, logp, ids = self.step(frontier_hidden, frontier_tokens.repeat(groups, 1),
+                                                  positions.repeat(groups, 1), torch.cat([past, eye], -1)[:, None],
+                                                  kv, *processor)
+            at = stable + (level - 1) * k
+            kv = torch.cat([kv[:, :, :, :, :at], new_kv, kv[:, :, :, :, at + k:]], 4)
+            child_scores = (frontier_scores[:, :, None] + logp).reshape(n, k * k)
+            child_tokens = ids.reshape(n, k * k)
+            pool_tokens.append(child_tokens)
+            pool_scores.append(child_scores)
+            pool_parent.append(frontier_pool.repeat_interleave(k, dim=1))
+            pool_depth.append(torch.full((n, k * k), level + 1, dtype=torch.long, device=dev))
+            best = child_scores.topk(k, dim=-1).indices  # the next frontier, as indices into this level's k * k
+            parent_slot = best // k
+            frontier_pool = offset + best
+            frontier_tokens = child_tokens.gather(1, best)
+            frontier_scores = child_scores.gather(1, best)
+            frontier_hidden = hidden[torch.arange(rows, device=dev)[:, None], parent_slot.repeat(groups, 1)]
+            own = ((level - 1) * k + parent_slot)[:, :, None] == torch.arange(depth * k, device=dev)
+            frontier_anc = frontier_anc.gather(1, parent_slot[:, :, None].expand(-1, -1, depth * k)) | own
+            offset += k * k
+
+        # 3. the tree
+        tokens, parent, node_depth, ancestors = select_tree(
+            torch.cat(pool_tokens, 1), torch.cat(pool_scores, 1), torch.cat(pool_parent, 1), torch.cat(pool_depth, 1),
+            self.tree.tree_size, depth + 1)
+        return stable_kv, tokens, parent, node_depth, ancestors
 
 
 class VQDecode(nn.Module):
@@ -69,12 +160,16 @@ class VQDecode(nn.Module):
         return self.vq.decode_codes(codes, self.grid).float()  # float32 pixels from a decoder of any precision
 
 
-def build_graphs(target: GPT, drafter: Drafter, vq: VQModel, max_draft_top_k: int) -> dict[str, nn.Module]:
-    """The graph modules of a model bundle. The drafter graph holds its own copy of the target's head, as the
-    exported drafter engine does."""
+def build_graphs(target: GPT, drafter: Drafter, vq: VQModel, tree: TreeShape) -> dict[str, nn.Module]:
+    """The graph modules of a model bundle, with the ``draft_tree`` graph of one tree shape."""
     return {
         "target_prefill": TargetPrefill(target).eval(),
         "target_verify": TargetVerify(target).eval(),
-        "drafter_step": DrafterStep(drafter, copy.deepcopy(target.output), max_draft_top_k).eval(),
+        "draft_tree": draft_tree_graph(target, drafter, tree),
         "vq_decode": VQDecode(vq, target.config.grid_size).eval(),
     }
+
+
+def draft_tree_graph(target: GPT, drafter: Drafter, tree: TreeShape) -> DraftTreeGraph:
+    """The drafter graph holds its own copy of the target's head, as its exported engine does."""
+    return DraftTreeGraph(drafter, copy.deepcopy(target.output), tree, target.config.max_positions - 1).eval()

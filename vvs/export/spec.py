@@ -86,8 +86,9 @@ class GraphSpec:
                    tuple(TensorSpec.from_dict(t) for t in d["outputs"]))
 
 
-def graph_specs(target, drafter, vq, max_draft_top_k: int, act: str = "float32") -> dict[str, GraphSpec]:
-    """Specs of the four graphs for a target ``GPTConfig``, ``DrafterConfig`` and ``VQConfig``.
+def graph_specs(target, drafter, vq, tree, act: str = "float32") -> dict[str, GraphSpec]:
+    """Specs of the four graphs for a target ``GPTConfig``, ``DrafterConfig``, ``VQConfig`` and the ``TreeShape``
+    of the ``draft_tree`` graph.
 
     ``act`` is the dtype of activations, features and caches ("float32" or "float16"); logits are float32.
     """
@@ -119,26 +120,40 @@ def graph_specs(target, drafter, vq, max_draft_top_k: int, act: str = "float32")
             TensorSpec("hidden", act, ("batch", "new", t.dim)),
             TensorSpec("new_kv", act, (t.n_layer, 2, "batch", t.n_head, "new", t.head_dim)),
         )),
-        "drafter_step": GraphSpec("drafter_step", (
-            TensorSpec("features", act, ("batch", "new", t.dim)),
-            TensorSpec("input_ids", "int64", ("batch", "new")),
-            TensorSpec("position_ids", "int64", ("batch", "new")),
-            TensorSpec("attn_mask", "bool", ("batch", 1, "new", "past_plus_new")),
-            TensorSpec("past_kv", act, (d.num_hidden_layers, 2, *kv)),
-            TensorSpec("cfg_mix", "float32", ("images", "batch")),
-            *processor,
-        ), (
-            TensorSpec("hidden", act, ("batch", "new", t.dim)),
-            TensorSpec("new_kv", act, (d.num_hidden_layers, 2, "batch", t.n_head, "new", t.head_dim)),
-            TensorSpec("topk_logp", "float32", ("images", "new", max_draft_top_k)),
-            TensorSpec("topk_ids", "int64", ("images", "new", max_draft_top_k)),
-        )),
+        "draft_tree": draft_tree_spec(target, drafter, tree, act),
         "vq_decode": GraphSpec("vq_decode", (
             TensorSpec("codes", "int64", ("images", t.num_image_tokens)),
         ), (
             TensorSpec("image", "float32", ("images", 3, image, image)),
         )),
     }
+
+
+def draft_tree_spec(target, drafter, tree, act: str = "float32") -> GraphSpec:
+    """The drafter's new stable slots in, one draft tree per image out (:class:`vvs.export.graphs.DraftTreeGraph`):
+    ``tokens`` are the ``tree_size - 1`` drafted nodes; ``parent``, ``depth`` and ``ancestors`` describe the tree
+    with its root as node 0. ``past_len``: committed drafter slots per image; ``new_count``: valid new slots."""
+    t, size = target, tree.tree_size
+    kv = (drafter.num_hidden_layers, 2, "batch", t.n_head)
+    return GraphSpec("draft_tree", (
+        TensorSpec("features", act, ("batch", "new", t.dim)),
+        TensorSpec("input_ids", "int64", ("batch", "new")),
+        TensorSpec("position_ids", "int64", ("batch", "new")),
+        TensorSpec("past_kv", act, (*kv, "past", t.head_dim)),
+        TensorSpec("past_len", "int64", ("images",)),
+        TensorSpec("new_count", "int64", ("images",)),
+        TensorSpec("root_position", "int64", ("images",)),
+        TensorSpec("cfg_mix", "float32", ("images", "batch")),
+        TensorSpec("temperature", "float32", (1,)),
+        TensorSpec("top_k", "int64", (1,)),
+        TensorSpec("top_p", "float32", (1,)),
+    ), (
+        TensorSpec("stable_kv", act, (*kv, "new", t.head_dim)),
+        TensorSpec("tokens", "int64", ("images", size - 1)),
+        TensorSpec("parent", "int64", ("images", size)),
+        TensorSpec("depth", "int64", ("images", size)),
+        TensorSpec("ancestors", "bool", ("images", size, size)),
+    ))
 
 
 SAMPLE_DIMS = {"batch": 4, "images": 2, "new": 3, "past": 7}  # distinct, so no dynamic axis gets specialised
@@ -158,6 +173,12 @@ def sample_tensor(spec: TensorSpec, dims: dict[str, int], vocab: int, max_positi
         return torch.randint(0, max_position + 1, shape)
     if spec.name == "condition" and dtype == torch.int64:
         return torch.randint(0, 2, shape)
+    if spec.name == "past_len":
+        return torch.randint(0, max(1, dims["past"] - dims["new"] + 1), shape)
+    if spec.name == "new_count":
+        return torch.randint(1, dims["new"] + 1, shape)
+    if spec.name == "root_position":
+        return torch.randint(0, max_position + 1, shape)
     if spec.name == "temperature":
         return torch.ones(shape)
     if spec.name == "top_k":

@@ -65,7 +65,7 @@ def greedy_accept(tree: DraftTree, logits: torch.Tensor, relax: Relaxation | Non
     score = torch.where(reach, tree.depth * t - torch.arange(t, device=x.device), -1)  # deepest, then earliest
     last = score.argmax(-1)
     bonus = logits[img, last].argmax(-1)
-    return Accepted(tree.path_nodes(last, int(tree.depth.max()) + 1), tree.depth[img, last] + 1, bonus)
+    return Accepted(tree.path_nodes(last, tree.max_depth + 1), tree.depth[img, last] + 1, bonus)
 
 
 def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None, max_children: int,
@@ -77,45 +77,37 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None
     dev = probs.device
     img = torch.arange(n, device=dev)
     children = tree.children(max_children)
-    max_depth = int(tree.depth.max())
     node = torch.zeros(n, dtype=torch.long, device=dev)
     p = probs[:, 0].clone()
     walking = torch.ones(n, dtype=torch.bool, device=dev)
-    path = torch.full((n, max_depth + 1), -1, dtype=torch.long, device=dev)
+    path = torch.full((n, tree.max_depth + 1), -1, dtype=torch.long, device=dev)
     path[:, 0] = 0
-    length = torch.ones(n, dtype=torch.long, device=dev)
-    for level in range(max_depth):
+    # a fixed number of tries (no early exit): deciding to stop would need a read of the device's values
+    for level in range(tree.max_depth):
         moved = torch.zeros(n, dtype=torch.bool, device=dev)
         kids = children[img, node]  # [n, width]
         for j in range(kids.shape[1]):
             child = kids[:, j]
             trying = walking & ~moved & (child >= 0)
-            if not trying.any():  # children are sorted with -1 padding last: nothing left to try at this depth
-                break
             x = tree.tokens[img, child.clamp(min=0)]
             px = p.gather(1, x[:, None]).squeeze(1)
             extra, lent = relax.lend(p, x) if relax is not None else (torch.zeros_like(px), None)
             accept = trying & (u[:, 1 + level * kids.shape[1] + j] < px + extra)
             reject = trying & ~accept
-            if reject.any():
-                drop = torch.zeros_like(p, dtype=torch.bool).scatter(1, x[:, None], True)
-                if relax is not None:
-                    nb = relax.neighbours[x]
-                    drop |= torch.zeros_like(drop).scatter(1, nb, torch.arange(nb.shape[1], device=dev) < lent[:, None])
-                p = torch.where(reject[:, None] & drop, 0.0, p)
-                total = p.sum(1, keepdim=True)
-                p = torch.where(reject[:, None], torch.where(total > 0, p / total.clamp_min(1e-30), 1.0 / p.shape[1]), p)
-            if accept.any():
-                node = torch.where(accept, child, node)
-                p = torch.where(accept[:, None], probs[img, node], p)
-                path[img[accept], length[accept]] = child[accept]
-                length += accept.long()
-                moved |= accept
+            drop = torch.zeros_like(p, dtype=torch.bool).scatter(1, x[:, None], True)
+            if relax is not None:
+                nb = relax.neighbours[x]
+                drop |= torch.zeros_like(drop).scatter(1, nb, torch.arange(nb.shape[1], device=dev) < lent[:, None])
+            p = torch.where(reject[:, None] & drop, 0.0, p)
+            total = p.sum(1, keepdim=True)
+            p = torch.where(reject[:, None], torch.where(total > 0, p / total.clamp_min(1e-30), 1.0 / p.shape[1]), p)
+            node = torch.where(accept, child, node)
+            p = torch.where(accept[:, None], probs[img, node], p)
+            path[:, level + 1] = torch.where(accept, child, path[:, level + 1])
+            moved |= accept
         walking &= moved
-        if not walking.any():
-            break
     bonus = inverse_cdf(p, u[:, 0])
-    return Accepted(path, length, bonus)
+    return Accepted(path, (path >= 0).sum(1), bonus)
 
 
 def accept_draws(max_depth: int, max_children: int) -> int:

@@ -42,15 +42,21 @@ def gather_rows(parts: list[tuple[torch.Tensor, RowLayout, torch.Tensor]], dim: 
 
 
 class KVCache:
-    """``kv [layers, 2, rows, heads, capacity, head_dim]`` (a zeroed buffer the caller provides) plus the
-    committed length of each image."""
+    """``kv [layers, 2, rows, heads, capacity + 1, head_dim]`` (a zeroed buffer the caller provides, sized by
+    :meth:`slots`) plus the committed length of each image. The last slot is never visible: writes that do not
+    count go there, so that a commit needs no data-dependent indexing (and no device-to-host read)."""
 
     def __init__(self, layout: RowLayout, kv: torch.Tensor):
         self.layout = layout
         self.kv = kv
-        self.capacity = kv.shape[4]
+        self.capacity = kv.shape[4] - 1
         self.length = torch.zeros(layout.n, dtype=torch.long, device=kv.device)
-        self.blocked = torch.zeros(layout.n, self.capacity, dtype=torch.bool, device=kv.device)  # caption padding
+        self.blocked = torch.zeros(layout.n, kv.shape[4], dtype=torch.bool, device=kv.device)  # caption padding
+
+    @staticmethod
+    def slots(capacity: int) -> int:
+        """Buffer slots for ``capacity`` usable ones."""
+        return capacity + 1
 
     @classmethod
     def combine(cls, layout: RowLayout, kv: torch.Tensor, parts: list[tuple["KVCache", torch.Tensor]]) -> "KVCache":
@@ -63,12 +69,10 @@ class KVCache:
 
     def write(self, new_kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, valid: torch.Tensor) -> None:
         """Copy ``new_kv[..., row, :, src[i, j], :]`` to slot ``dst[i, j]`` of image i's rows where ``valid[i, j]``."""
-        img, col = valid.nonzero(as_tuple=True)
-        if img.numel() == 0:
-            return
-        rows = self.layout.row_ids(img)
-        s = self.layout.expand(src[img, col])
-        d = self.layout.expand(dst[img, col])
+        n, m = src.shape
+        rows = self.layout.row_ids(torch.arange(n, device=src.device).repeat_interleave(m))
+        s = self.layout.expand(src.reshape(-1))
+        d = self.layout.expand(torch.where(valid, dst, self.capacity).reshape(-1))
         self.kv[:, :, rows, :, d] = new_kv[:, :, rows, :, s].to(self.kv.dtype)
 
     def commit(self, new_kv: torch.Tensor, src: torch.Tensor, count: torch.Tensor) -> None:
@@ -76,11 +80,11 @@ class KVCache:
         j = torch.arange(src.shape[1], device=src.device)
         valid = j < count[:, None]
         self.write(new_kv, src, self.length[:, None] + j, valid & (self.length[:, None] + j < self.capacity))
-        self.length = torch.minimum(self.length + count, torch.tensor(self.capacity, device=self.length.device))
+        self.length.copy_((self.length + count).clamp(max=self.capacity))
 
     def prefix_visible(self, queries: int) -> torch.Tensor:
         """Bool ``[n, queries, capacity]``: the committed slots of each image."""
-        slots = torch.arange(self.capacity, device=self.length.device)
+        slots = torch.arange(self.kv.shape[4], device=self.length.device)
         return ((slots < self.length[:, None]) & ~self.blocked).unsqueeze(1).expand(-1, queries, -1)
 
 
@@ -99,12 +103,13 @@ def causal_within(count: torch.Tensor, length: int) -> torch.Tensor:
 
 
 class FeatureCache:
-    """Target features (post-norm hidden states) by position ``[rows, capacity, dim]``; ``length[i]`` positions of
-    image i are known. VVS reuses the most recent ones when a verification is skipped."""
+    """Target features (post-norm hidden states) by position ``[rows, capacity + 1, dim]``; ``length[i]`` positions
+    of image i are known. VVS reuses the most recent ones when a verification is skipped. The last position takes
+    writes that do not count (as in :class:`KVCache`)."""
 
     def __init__(self, layout: RowLayout, capacity: int, dim: int, dtype, device):
         self.layout = layout
-        self.features = torch.zeros(layout.rows, capacity, dim, dtype=dtype, device=device)
+        self.features = torch.zeros(layout.rows, KVCache.slots(capacity), dim, dtype=dtype, device=device)
         self.length = torch.zeros(layout.n, dtype=torch.long, device=device)
 
     @classmethod
@@ -117,20 +122,20 @@ class FeatureCache:
 
     def append(self, hidden: torch.Tensor, src: torch.Tensor, count: torch.Tensor) -> None:
         """Append ``hidden[row, src[i, j]]`` for ``j < count[i]``."""
-        j = torch.arange(src.shape[1], device=src.device)
+        n, m = src.shape
+        spare = self.features.shape[1] - 1
+        j = torch.arange(m, device=src.device)
         dst = self.length[:, None] + j
-        valid = (j < count[:, None]) & (dst < self.features.shape[1])
-        img, col = valid.nonzero(as_tuple=True)
-        if img.numel():
-            rows = self.layout.row_ids(img)
-            self.features[rows, self.layout.expand(dst[img, col])] = hidden[rows, self.layout.expand(src[img, col])].to(
-                self.features.dtype)
-        self.length = self.length + count
+        dst = torch.where((j < count[:, None]) & (dst < spare), dst, spare)
+        rows = self.layout.row_ids(torch.arange(n, device=src.device).repeat_interleave(m))
+        self.features[rows, self.layout.expand(dst.reshape(-1))] = hidden[rows, self.layout.expand(src.reshape(-1))].to(
+            self.features.dtype)
+        self.length.add_(count)
 
     def most_recent(self, count: torch.Tensor, width: int) -> torch.Tensor:
         """``[rows, width, dim]``: for image i the last ``count[i]`` known features in order (earliest first),
         padded after; positions before 0 repeat position 0."""
         j = torch.arange(width, device=count.device)
-        pos = (self.length[:, None] - count[:, None] + j).clamp(min=0, max=self.features.shape[1] - 1)
+        pos = (self.length[:, None] - count[:, None] + j).clamp(min=0, max=self.features.shape[1] - 2)
         rows = torch.arange(self.layout.rows, device=count.device)
         return self.features[rows[:, None], self.layout.expand(pos)]

@@ -1,11 +1,20 @@
 """The decoding loops: vanilla AR, and speculative decoding (EAGLE-2 SD, LANTERN, VVS) in one loop.
 
-One speculative cycle, for every image of the batch at once::
+One speculative cycle, for every image of the batch at once (the tree and the skip decision come from the end of
+the previous cycle, or from :func:`start`)::
 
-    tree = draft(...)                        # drafter: stable update + dynamic tree
-    skip = decide_skip(...)                  # VVS only
-    verify images that do not skip           # one target forward: pending chain ‖ tree
-    commit accepted paths / unverified chains, and feed the drafter next cycle's inputs
+    verify the images that do not skip      # one target forward: pending chain ‖ tree
+    accept a drafted path unverified        # the images that skip (VVS)
+    commit, and feed the drafter
+    tree = draft(...)                       # one draft_tree call for the next cycle
+    skip = decide_skip(...)                 # VVS only
+    plan = read()                           # the cycle's one device-to-host read
+
+Everything in a cycle stays on the device except that one small read, the *plan*: per image whether it is done,
+verifies or skips next, and the widest pending chain. The host needs it anyway to stop, to hand finished images
+back, and to leave the target forward out when no image verifies; nothing else waits for the device, so a GPU's
+launch queue never drains inside a cycle and the whole cycle can be captured as one CUDA graph
+(:class:`~vvs.runtime.captured.CapturedCycle`). State lives in fixed tensors updated in place for the same reason.
 
 Positions: condition slots are ``0 … C-1`` and image token ``i`` sits at ``C + i``. ``count[i]`` image tokens of
 image i are committed (the last ``chain_len[i]`` of them unverified, not yet in the target cache); the root, the
@@ -15,6 +24,8 @@ Continuous batching: every per-image tensor and cache row moves with its image, 
 images of several batches (same options) into one batch at a cycle boundary, and each keeps its exact state.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -26,8 +37,41 @@ from vvs.runtime.options import DecodeOptions
 from vvs.runtime.random import ImageRandom
 from vvs.runtime.sampling import Processor, cfg_matrix, sample
 from vvs.runtime.skip import decide_skip, select_unverified
-from vvs.runtime.stats import ImageStats, Stopwatch
+from vvs.runtime.stats import Counters, ImageStats, Stopwatch
 from vvs.runtime.tree import DraftTree, TreeDrafter
+
+DONE, VERIFY, SKIP = 0, 1, 2  # an image's next cycle, as the plan says
+TREE_FIELDS = ("tokens", "parent", "depth", "ancestors")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the host knows after a cycle's one read."""
+
+    states: tuple[int, ...]  # per image: DONE, VERIFY or SKIP
+    chain: int  # the widest unverified chain among the images that verify
+
+    @property
+    def done(self) -> list[bool]:
+        return [s == DONE for s in self.states]
+
+    @property
+    def finished(self) -> bool:
+        return all(s == DONE for s in self.states)
+
+    def images(self, state: int) -> list[int]:
+        return [i for i, s in enumerate(self.states) if s == state]
+
+    @property
+    def key(self) -> tuple:
+        """What shapes the next cycle's work: whether anything verifies or skips, and the chain's width."""
+        return VERIFY in self.states, SKIP in self.states, self.chain
+
+
+def read_plan(codes: torch.Tensor, chain: torch.Tensor) -> Plan:
+    """The one device-to-host read of a cycle."""
+    values = torch.cat([codes, chain.reshape(1)]).tolist()
+    return Plan(tuple(values[:-1]), values[-1])
 
 
 class Decoding:
@@ -42,10 +86,12 @@ class Decoding:
         self.caption_mask = None if caption_mask is None else caption_mask.to(self.dev)
         if self.caption_mask is not None:  # padded caption slots stay invisible to every later query
             self.kv.blocked[:, : self.C] = ~self.caption_mask
-        self.tokens = torch.zeros(self.n, self.N + self.slack, dtype=torch.long, device=self.dev)
+        # one spare column past the slack: writes that do not count land there (no data-dependent indexing)
+        self.tokens = torch.zeros(self.n, self.N + self.slack + 1, dtype=torch.long, device=self.dev)
         self.count = torch.zeros(self.n, dtype=torch.long, device=self.dev)
         self.root = torch.zeros(self.n, dtype=torch.long, device=self.dev)
         self.stats = [ImageStats(prefill_forwards=1, target_forwards=1) for _ in range(self.n)]
+        self.counters = Counters(self.n, self.N, self.dev)
 
     def _setup(self, engines: EngineSet, opts: DecodeOptions, n: int) -> None:
         """What depends only on the engines, the options and the batch size."""
@@ -66,8 +112,8 @@ class Decoding:
 
     def _kv_buffer(self) -> torch.Tensor:
         cfg = self.cfg
-        return self.engines.cache_buffer(
-            "target_kv", (cfg.n_layer, 2, self.layout.rows, cfg.n_head, self.capacity, cfg.head_dim), self.leases)
+        return self.engines.cache_buffer("target_kv", (cfg.n_layer, 2, self.layout.rows, cfg.n_head,
+                                                       KVCache.slots(self.capacity), cfg.head_dim), self.leases)
 
     @classmethod
     def combine(cls, parts: list[tuple["Decoding", torch.Tensor]]) -> "Decoding":
@@ -86,6 +132,7 @@ class Decoding:
         for name in ("tokens", "count", "root"):
             setattr(d, name, torch.cat([getattr(p, name)[images] for p, images in parts]))
         d.stats = [p.stats[i] for p, images in parts for i in images.tolist()]
+        d.counters = Counters.combine([(p.counters, images) for p, images in parts])
         return d
 
     # ------------------------------------------------------------------ shared steps
@@ -113,7 +160,7 @@ class Decoding:
         self.clock.section("other")
         c = torch.arange(self.C, device=self.dev)
         self.kv.commit(out["new_kv"], c.expand(self.n, -1), torch.full((self.n,), self.C, device=self.dev))
-        self.root = sample(self.proc.probs(out["logits"]), self.proc.greedy, self.random.uniform(1)[:, 0])
+        self.root.copy_(sample(self.proc.probs(out["logits"]), self.proc.greedy, self.random.uniform(1)[:, 0]))
         return out
 
     def null_condition(self) -> torch.Tensor:
@@ -122,21 +169,21 @@ class Decoding:
         return self.engines.null_condition.to(self.dev, self.engines.dtype).expand(self.n, -1, -1)
 
     def verify(self, new_ids: torch.Tensor, positions: torch.Tensor, new_visible: torch.Tensor,
-               images: torch.Tensor | None = None):
+               images: list[int] | None = None):
         """One target forward over ``new_ids [n, T]`` at ``positions [n, T]`` with visibility ``[n, T, T]``.
 
-        Only ``images`` (indices; all when None) take part, so an image that skips its verification costs no
-        target compute; the outputs still cover the whole batch, zero for the images left out."""
+        Only ``images`` (all when None) take part, so an image that skips its verification costs no target
+        compute; the outputs still cover the whole batch, zero for the images left out."""
         self.clock.section("verify")
         t = new_ids.shape[1]
         positions = positions.clamp(max=self.max_position())
         past = self.kv.prefix_visible(t)
-        if images is None or images.numel() == self.n:
+        if images is None or len(images) == self.n:
             out = self.engines.graphs["target_verify"].run(
                 input_ids=self.layout.expand(new_ids), position_ids=self.layout.expand(positions),
                 attn_mask=attention_mask(self.layout, past, new_visible), past_kv=self.kv.kv, cfg_mix=self.cfg_mix)
         else:
-            out = self._verify_subset(images, new_ids, positions, past, new_visible)
+            out = self._verify_subset(torch.tensor(images, device=self.dev), new_ids, positions, past, new_visible)
         self.clock.section("other")
         return out
 
@@ -165,10 +212,10 @@ class Decoding:
     def append_tokens(self, values: torch.Tensor, count: torch.Tensor) -> None:
         """Commit ``values[i, :count[i]]`` after image i's tokens."""
         j = torch.arange(values.shape[1], device=self.dev)
-        valid = j < count[:, None]
-        img, col = valid.nonzero(as_tuple=True)
-        self.tokens[img, self.count[img] + col] = values[img, col]
-        self.count = self.count + count
+        spare = self.tokens.shape[1] - 1
+        col = torch.where(j < count[:, None], (self.count[:, None] + j).clamp(max=spare - 1), spare)
+        self.tokens.scatter_(1, col, values)
+        self.count.add_(count)
 
     def settle_time(self) -> None:
         """Share the wall time since the last settlement equally among the batch's images."""
@@ -179,15 +226,17 @@ class Decoding:
             s.other_seconds += times["other"] / self.n
             s.seconds = s.draft_seconds + s.verify_seconds + s.other_seconds
 
-    def finish(self, images: torch.Tensor | None = None) -> tuple[torch.Tensor, list[ImageStats]]:
+    def finish(self, images: list[int] | None = None) -> tuple[torch.Tensor, list[ImageStats]]:
         """Tokens ``[m, N]`` and statistics of finished images (all when None)."""
-        images = self.arange if images is None else images
-        self.tokens[images, self.count[images].clamp(max=self.tokens.shape[1] - 1)] = self.root[images]
+        images = list(range(self.n)) if images is None else images
+        index = torch.tensor(images, device=self.dev)
+        self.tokens[index, self.count[index].clamp(max=self.tokens.shape[1] - 2)] = self.root[index]
         self.settle_time()
-        stats = [self.stats[i] for i in images.tolist()]
+        stats = [self.stats[i] for i in images]
+        self.counters.fill(index, stats)
         for s in stats:
             s.tokens = self.N
-        return self.tokens[images, : self.N].clone(), stats
+        return self.tokens[index, : self.N].clone(), stats
 
 
 # ---------------------------------------------------------------------- vanilla AR
@@ -199,27 +248,32 @@ class AutoRegression:
     def __init__(self, d: Decoding):
         self.d = d
         d.prefill()
+        self.plan = self.read()
 
     @classmethod
     def combine(cls, parts: list[tuple["AutoRegression", torch.Tensor]]) -> "AutoRegression":
         loop = cls.__new__(cls)
         loop.d = Decoding.combine([(p.d, images) for p, images in parts])
+        loop.plan = Plan(tuple(p.plan.states[i] for p, images in parts for i in images.tolist()), 0)
         _release(parts)
         return loop
 
     def step(self) -> None:
         d = self.d
         active = d.active
+        u = d.random.uniform(1)[:, 0]
         out = d.verify(d.root[:, None], (d.C + d.count)[:, None], torch.ones(d.n, 1, 1, dtype=torch.bool, device=d.dev))
         step = active.long()
         d.kv.commit(out["new_kv"], torch.zeros(d.n, 1, dtype=torch.long, device=d.dev), step)
-        before = d.count.clone()
+        d.counters.record(active, "ar", d.count, step)
+        d.counters.add("target_forwards", active)
         d.append_tokens(d.root[:, None], step)
-        nxt = sample(d.proc.probs(out["logits"][:, 0]), d.proc.greedy, d.random.uniform(1)[:, 0])
-        d.root = torch.where(active, nxt, d.root)
-        for i in active.nonzero().flatten().tolist():
-            d.stats[i].target_forwards += 1
-            d.stats[i].trace.append(["ar", int(before[i]), 1])
+        nxt = sample(d.proc.probs(out["logits"][:, 0]), d.proc.greedy, u)
+        d.root.copy_(torch.where(active, nxt, d.root))
+        self.plan = self.read()
+
+    def read(self) -> Plan:
+        return read_plan(self.d.active.long(), torch.zeros((), dtype=torch.long, device=self.d.dev))
 
 
 # ---------------------------------------------------------------------- speculative decoding (SD, LANTERN, VVS)
@@ -227,18 +281,18 @@ class AutoRegression:
 
 class Speculation:
     """The speculative loop's state beyond :class:`Decoding`: the drafter and its cache, the feature cache, the
-    unverified chain of a skipped cycle, and what the drafter consumes next."""
+    unverified chain of a skipped cycle, what the drafter consumes next, and the next cycle's tree and decision."""
 
     def __init__(self, d: Decoding):
         self._setup(d)
         n, dev = self.n, self.dev
-        self.drafter = TreeDrafter(d.engines.graphs["drafter_step"], d.layout, self._drafter_buffer(), d.capacity,
-                                   self.opts.depth, self.opts.draft_top_k, d.max_position())
+        self.drafter = TreeDrafter(self.tree_engine, d.layout, self._drafter_buffer(), self.opts.depth + 1)
         self.features = FeatureCache(d.layout, d.capacity, d.cfg.dim, d.engines.dtype, dev)
         self.chain = torch.zeros(n, self.width, dtype=torch.long, device=dev)  # unverified tokens of a skip
         self.chain_len = torch.zeros(n, dtype=torch.long, device=dev)
         self.last_skipped = torch.zeros(n, dtype=torch.bool, device=dev)
         self.cycle = torch.zeros(n, dtype=torch.long, device=dev)
+        self.feed = NextFeed(self)
 
         pre = d.prefill()
         self.features.append(pre["hidden"], torch.arange(d.C, device=dev).expand(n, -1),
@@ -247,21 +301,26 @@ class Speculation:
         # The first slots consume the condition slots 1 … C-1 (placeholder id 0) and the first image token.
         ids = torch.zeros(n, d.C, dtype=torch.long, device=dev)
         ids[:, -1] = d.root
-        self.feed = (ids, pre["hidden"], torch.arange(1, d.C + 1, device=dev).expand(n, -1),
-                     torch.full((n,), d.C, device=dev))
+        first = (ids, pre["hidden"], torch.arange(1, d.C + 1, device=dev).expand(n, -1), torch.full((n,), d.C, device=dev))
+        tree = self.draft(*first)
+        self.tree = DraftTree(*(getattr(tree, f).clone() for f in TREE_FIELDS), tree.max_depth)  # updated in place
+        self.skip = self.decide_skip()
+        self.plan = self.read()
 
     def _setup(self, d: Decoding) -> None:
         opts = d.opts
         self.d, self.opts, self.n, self.dev = d, opts, d.n, d.dev
+        self.tree_engine = d.engines.draft_tree(opts.tree)
         self.relax = Relaxation(d.engines.neighbours(opts.lantern_k), opts.lantern_delta) if opts.relaxed else None
         self.graph_inputs = {"cfg_mix": d.cfg_mix, **d.proc.graph_inputs()}
         self.width = opts.max_path_tokens  # widest chain, path, or drafter update
         self.accept_draws = accept_draws(opts.depth + 1, opts.draft_top_k)
+        self.captured = None  # a CapturedCycle when the cycle replays as CUDA graphs
 
     def _drafter_buffer(self) -> torch.Tensor:
-        d, e, opts = self.d, self.d.engines, self.opts
+        d, e = self.d, self.d.engines
         return e.cache_buffer("drafter_kv", (e.drafter_layers, 2, d.layout.rows, d.cfg.n_head,
-                                             d.capacity + opts.depth * opts.draft_top_k, d.cfg.head_dim), d.leases)
+                                             KVCache.slots(d.capacity), d.cfg.head_dim), d.leases)
 
     @classmethod
     def combine(cls, parts: list[tuple["Speculation", torch.Tensor]]) -> "Speculation":
@@ -270,54 +329,64 @@ class Speculation:
         layout = s.d.layout
         s.drafter = parts[0][0].drafter.combined(layout, s._drafter_buffer(), [(p.drafter, i) for p, i in parts])
         s.features = FeatureCache.combine(layout, [(p.features, images) for p, images in parts])
-        for name in ("chain", "chain_len", "last_skipped", "cycle"):
+        for name in ("chain", "chain_len", "last_skipped", "cycle", "skip"):
             setattr(s, name, torch.cat([getattr(p, name)[images] for p, images in parts]))
-        # the drafter's next slots: as many as the widest part has (a batch just prefilled has C of them)
-        m = max(p.feed[0].shape[1] for p, _ in parts)
-        feeds = [[torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, m - x.shape[1])) for x in p.feed[:3]]
-                 for p, _ in parts]
-        s.feed = (torch.cat([f[0][images] for f, (_, images) in zip(feeds, parts)]),
-                  gather_rows([(f[1], p.d.layout, images) for f, (p, images) in zip(feeds, parts)], 0),
-                  torch.cat([f[2][images] for f, (_, images) in zip(feeds, parts)]),
-                  torch.cat([p.feed[3][images] for p, images in parts]))
+        s.feed = NextFeed.combine(s, [(p.feed, images) for p, images in parts])
+        s.tree = DraftTree(*(torch.cat([getattr(p.tree, f)[images] for p, images in parts]) for f in TREE_FIELDS),
+                           parts[0][0].tree.max_depth)
+        s.plan = s.read()  # the chain width depends on who is in the batch
         _release(parts)
         return s
 
     def step(self) -> None:
-        """One cycle: draft → decide skip → (verify | accept without verification) → feed the drafter."""
-        d = self.d
-        active = d.active
-        u = d.random.uniform(self.accept_draws + 1)  # every image's draws for this cycle, whatever it does
-        tree = self.draft(active)
-        skip = self.decide_skip(tree, active)
-        nxt = NextFeed(self)
-        if (active & ~skip).any():
-            self.verify(tree, active & ~skip, nxt, u[:, : self.accept_draws])
-        if skip.any():
-            self.accept_unverified(tree, skip, nxt, u[:, self.accept_draws])
-        self.advance(nxt, active, skip)
+        """One cycle: (verify | accept without verification) → feed the drafter → draft → decide skip → read."""
+        u = self.d.random.uniform(self.accept_draws + 1)  # every image's draws for this cycle, whatever it does
+        if self.captured is not None:
+            self.captured.replay(self, u)
+        else:
+            self.cycle_body(u, self.plan.key, self.plan.images(VERIFY))
+        self.plan = self.read()
 
-    def draft(self, active: torch.Tensor) -> DraftTree:
+    def cycle_body(self, u: torch.Tensor, key: tuple, verifying_images: list[int] | None) -> None:
+        """The device work of one cycle, shaped by ``key`` (:attr:`Plan.key`); in place on the loop's state."""
+        verifies, skips, chain = key
+        active = self.d.active
+        verifying, skipping = active & ~self.skip, active & self.skip
+        self.feed.reset()
+        if verifies:
+            self.verify(verifying, chain, u[:, : self.accept_draws], verifying_images)
+        if skips:
+            self.accept_unverified(skipping, u[:, self.accept_draws])
+        self.advance(active)
+        tree = self.draft(self.feed.ids, self.feed.features, self.feed.positions, self.feed.count)
+        for f in TREE_FIELDS:
+            getattr(self.tree, f).copy_(getattr(tree, f))
+        self.skip.copy_(self.decide_skip())
+
+    def read(self) -> Plan:
+        active = self.d.active
+        codes = torch.where(active, torch.where(self.skip, SKIP, VERIFY), DONE)
+        chain = torch.where(active & ~self.skip, self.chain_len, 0).max()
+        return read_plan(codes, chain)
+
+    def draft(self, ids, features, positions, count) -> DraftTree:
         d = self.d
         d.clock.section("draft")
-        before = self.drafter.forwards
-        first = self.drafter.extend(*self.feed, self.graph_inputs)
-        tree = self.drafter.grow(d.root, d.C + d.count, first, self.opts.tree_size, self.graph_inputs)
+        tree = self.drafter.draft(ids, features, positions, count, d.root, d.C + d.count, self.graph_inputs)
+        d.counters.add("drafter_forwards", d.active)
         d.clock.section("other")
-        for i in active.nonzero().flatten().tolist():
-            d.stats[i].drafter_forwards += self.drafter.forwards - before
         return tree
 
-    def decide_skip(self, tree: DraftTree, active: torch.Tensor) -> torch.Tensor:
+    def decide_skip(self) -> torch.Tensor:
         if not self.opts.skips:
-            return torch.zeros_like(active)
-        return active & decide_skip(self.opts, tree, self.cycle, self.d.count, self.last_skipped, self.d.engines.codebook)
+            return torch.zeros(self.n, dtype=torch.bool, device=self.dev)
+        return self.d.active & decide_skip(self.opts, self.tree, self.cycle, self.d.count, self.last_skipped,
+                                           self.d.engines.codebook)
 
-    def verify(self, tree: DraftTree, verifying: torch.Tensor, nxt: "NextFeed", u: torch.Tensor) -> None:
-        """One target forward over the pending chain ‖ the tree of the verifying images; commit the chain and the
-        accepted path."""
-        d, n, dev = self.d, self.n, self.dev
-        a_max = int(torch.where(verifying, self.chain_len, 0).max())
+    def verify(self, verifying: torch.Tensor, a_max: int, u: torch.Tensor, images: list[int] | None) -> None:
+        """One target forward over the pending chain (``a_max`` wide) ‖ the tree of the verifying images; commit
+        the chain and the accepted path."""
+        d, n, dev, tree = self.d, self.n, self.dev, self.tree
         j = torch.arange(a_max, device=dev)
         in_chain = j[None, :] < self.chain_len[:, None]
         t = tree.size
@@ -327,8 +396,7 @@ class Speculation:
         visible[:, a_max:, a_max:] = tree.ancestors
         root_pos = d.C + d.count
         out = d.verify(torch.cat([self.chain[:, :a_max], tree.tokens], 1),
-                       torch.cat([d.kv.length[:, None] + j, root_pos[:, None] + tree.depth], 1), visible,
-                       images=verifying.nonzero().flatten())
+                       torch.cat([d.kv.length[:, None] + j, root_pos[:, None] + tree.depth], 1), visible, images)
         logits = out["logits"][:, a_max:]
         if d.proc.greedy:
             acc = greedy_accept(tree, logits, self.relax)
@@ -342,64 +410,71 @@ class Speculation:
         d.kv.commit(out["new_kv"], keep, kept)
         self.features.append(out["hidden"], keep, kept)
         path = tree.tokens.gather(1, acc.nodes.clamp(min=0))
-        before = d.count.clone()
+        d.counters.record(verifying, "verify", d.count, length)
+        d.counters.add("target_forwards", verifying)
         d.append_tokens(path, length)
         # the drafter consumes the accepted drafts and the new root, fed the features of the accepted nodes
         ids = torch.cat([path[:, 1:], torch.zeros_like(path[:, :1])], 1)
         ids = ids.scatter(1, (length - 1).clamp(min=0)[:, None], acc.bonus[:, None])
         rows = torch.arange(d.layout.rows, device=dev)[:, None]
-        nxt.set(verifying, ids, out["hidden"][rows, d.layout.expand(a_max + acc.nodes.clamp(min=0))], length,
-                acc.bonus)
-        self.chain_len = torch.where(verifying, 0, self.chain_len)
-        for i in verifying.nonzero().flatten().tolist():
-            d.stats[i].target_forwards += 1
-            d.stats[i].accept_lengths.append(int(length[i]))
-            d.stats[i].trace.append(["verify", int(before[i]), int(length[i])])
+        self.feed.set(verifying, ids, out["hidden"][rows, d.layout.expand(a_max + acc.nodes.clamp(min=0))], length,
+                      acc.bonus)
+        self.chain_len.copy_(torch.where(verifying, 0, self.chain_len))
 
-    def accept_unverified(self, tree: DraftTree, skipping: torch.Tensor, nxt: "NextFeed", u: torch.Tensor) -> None:
+    def accept_unverified(self, skipping: torch.Tensor, u: torch.Tensor) -> None:
         """Commit a random drafted path, truncated, without a target forward; it is verified next cycle."""
         d = self.d
-        path, a, root = select_unverified(tree, self.width, u)
+        path, a, root = select_unverified(self.tree, self.width, u)
         a = torch.where(skipping, a, 0)
-        before = d.count.clone()
+        d.counters.record(skipping, "skip", d.count, a)
+        d.counters.add("skipped_verifications", skipping)
         d.append_tokens(path, a)
-        self.chain = torch.where(skipping[:, None], path, self.chain)
-        self.chain_len = torch.where(skipping, a, self.chain_len)
+        self.chain.copy_(torch.where(skipping[:, None], path, self.chain))
+        self.chain_len.copy_(torch.where(skipping, a, self.chain_len))
         # the drafter consumes the chain's drafts and the new root, fed the most recent cached features
-        nxt.set(skipping, path[:, 1:], self.features.most_recent(a, self.width), a, root)
-        for i in skipping.nonzero().flatten().tolist():
-            d.stats[i].skipped_verifications += 1
-            d.stats[i].skip_lengths.append(int(a[i]))
-            d.stats[i].trace.append(["skip", int(before[i]), int(a[i])])
+        self.feed.set(skipping, path[:, 1:], self.features.most_recent(a, self.width), a, root)
 
-    def advance(self, nxt: "NextFeed", active: torch.Tensor, skip: torch.Tensor) -> None:
-        d = self.d
-        root_pos = d.C + d.count - nxt.count  # where the old root sat
-        d.root = nxt.root
-        self.feed = (nxt.ids, nxt.features, root_pos[:, None] + 1 + torch.arange(self.width, device=self.dev),
-                     nxt.count)
-        self.last_skipped = torch.where(active, skip, self.last_skipped)
-        self.cycle = self.cycle + active.long()
+    def advance(self, active: torch.Tensor) -> None:
+        d, feed = self.d, self.feed
+        root_pos = d.C + d.count - feed.count  # where the old root sat
+        d.root.copy_(feed.root)
+        feed.positions.copy_(root_pos[:, None] + 1 + torch.arange(self.width, device=self.dev))
+        self.last_skipped.copy_(torch.where(active, self.skip, self.last_skipped))
+        self.cycle.add_(active.long())
 
 
 class NextFeed:
-    """Per image, the drafter's next stable slots: tokens, features, how many, and the new root."""
+    """Per image, the drafter's next stable slots: tokens, features, positions, how many, and the new root."""
 
     def __init__(self, s: Speculation):
         d = s.d
-        self.layout = d.layout
+        self.layout, self.d = d.layout, d
         self.ids = torch.zeros(s.n, s.width, dtype=torch.long, device=s.dev)
         self.features = torch.zeros(d.layout.rows, s.width, d.cfg.dim, dtype=d.engines.dtype, device=s.dev)
+        self.positions = torch.zeros(s.n, s.width, dtype=torch.long, device=s.dev)
         self.count = torch.zeros(s.n, dtype=torch.long, device=s.dev)
-        self.root = d.root.clone()
+        self.root = torch.zeros(s.n, dtype=torch.long, device=s.dev)
+
+    @classmethod
+    def combine(cls, s: Speculation, parts: list[tuple["NextFeed", torch.Tensor]]) -> "NextFeed":
+        feed = cls(s)
+        for name in ("ids", "positions", "count", "root"):
+            setattr(feed, name, torch.cat([getattr(p, name)[images] for p, images in parts]))
+        feed.features = gather_rows([(p.features, p.layout, images) for p, images in parts], 0)
+        return feed
+
+    def reset(self) -> None:
+        """Images that neither verify nor skip (done ones) feed nothing and keep their root."""
+        self.count.zero_()
+        self.root.copy_(self.d.root)
 
     def set(self, which, ids, features, count, root) -> None:
         w = min(self.ids.shape[1], ids.shape[1], features.shape[1])
         self.ids[:, :w] = torch.where(which[:, None], ids[:, :w], self.ids[:, :w])
         rows = self.layout.expand(which)[:, None, None]
         self.features[:, :w] = torch.where(rows, features[:, :w].to(self.features.dtype), self.features[:, :w])
-        self.count = torch.where(which, count, self.count)
-        self.root = torch.where(which, root, self.root)
+        self.count.copy_(torch.where(which, count, self.count))
+        self.root.copy_(torch.where(which, root, self.root))
 
 
 def _compact(index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -418,12 +493,11 @@ Loop = AutoRegression | Speculation
 
 
 def start(d: Decoding) -> Loop:
-    """Prefill a batch and return its decoding loop for ``d.opts.mode``."""
+    """Prefill a batch (and draft its first trees) and return its decoding loop for ``d.opts.mode``."""
     return AutoRegression(d) if d.opts.mode == "ar" else Speculation(d)
 
 
 def run(loop: Loop) -> tuple[torch.Tensor, list[ImageStats]]:
-    while loop.d.active.any():
+    while not loop.plan.finished:
         loop.step()
     return loop.d.finish()
-

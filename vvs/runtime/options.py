@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
+from typing import NamedTuple
 
 from vvs.errors import VVSError
 
@@ -34,6 +35,18 @@ class OptionsError(VVSError):
     @classmethod
     def bad(cls, option: str, value, why: str) -> "OptionsError":
         return cls(f"option {option}={value!r}: {why}", option, value, why)
+
+
+class TreeShape(NamedTuple):
+    """What a ``draft_tree`` graph is built for."""
+
+    tree_size: int
+    depth: int
+    draft_top_k: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.tree_size}x{self.depth}x{self.draft_top_k}"
 
 
 @dataclass(frozen=True)
@@ -146,6 +159,10 @@ class DecodeOptions:
     @property
     def skips(self) -> bool:
         return self.mode == "vvs"
+
+    @property
+    def tree(self) -> TreeShape:
+        return TreeShape(self.tree_size, self.depth, self.draft_top_k)
 
     @property
     def max_path_tokens(self) -> int:

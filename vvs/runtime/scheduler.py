@@ -207,27 +207,27 @@ class Scheduler:
                 request.fail(error)
             self.engines.release(self.running.pop(key).loop.d.leases)
             return
-        done = ~running.loop.d.active
-        if done.any():
-            images = done.nonzero().flatten()
+        done = running.loop.plan.done  # the cycle's one read already brought it to the host
+        if any(done):
+            images = [i for i, finished in enumerate(done) if finished]
             tokens, stats = running.loop.d.finish(images)
-            for j, i in enumerate(images.tolist()):
+            for j, i in enumerate(images):
                 request, index = running.owners[i]
                 request.deliver(index, tokens[j], stats[j])
-            self._leave(key, (~done).tolist())
+            self._leave(key, [not finished for finished in done])
 
     def _leave(self, key: DecodeOptions, keep: list[bool]) -> None:
         """Keep only the images marked in ``keep`` of one running batch."""
         running = self.running[key]
         if all(keep):
             return
-        kept = torch.tensor(keep, device=running.loop.d.dev).nonzero().flatten()
-        if kept.numel() == 0:
+        kept = [i for i, k in enumerate(keep) if k]
+        if not kept:
             self.engines.release(running.loop.d.leases)
             del self.running[key]
             return
-        loop = type(running.loop).combine([(running.loop, kept.to(running.loop.d.dev))])
-        self.running[key] = Running(loop, [running.owners[i] for i in kept.tolist()])
+        loop = type(running.loop).combine([(running.loop, torch.tensor(kept, device=running.loop.d.dev))])
+        self.running[key] = Running(loop, [running.owners[i] for i in kept])
 
 
 def _batch(owners: list[tuple[Request, int]]) -> dict:

@@ -90,23 +90,85 @@ def aggregate(stats: list[ImageStats]) -> dict:
     }
 
 
+class Counters:
+    """Per-image statistics kept on the device while decoding, so that counting never waits for the device; read
+    once, when images finish. ``trace`` rows hold ``(kind, tokens before, tokens committed)`` per cycle, at most
+    one per image token; a spare last row takes the writes of images that record nothing."""
+
+    KINDS = ("ar", "verify", "skip")
+    FIELDS = ("target_forwards", "drafter_forwards", "skipped_verifications")
+
+    def __init__(self, n: int, max_cycles: int, device):
+        self.counts = torch.zeros(n, len(self.FIELDS), dtype=torch.long, device=device)
+        self.cycles = torch.zeros(n, dtype=torch.long, device=device)
+        self.trace = torch.zeros(n, max_cycles + 1, 3, dtype=torch.long, device=device)
+
+    @classmethod
+    def combine(cls, parts: list[tuple["Counters", torch.Tensor]]) -> "Counters":
+        c = cls.__new__(cls)
+        for name in ("counts", "cycles", "trace"):
+            setattr(c, name, torch.cat([getattr(p, name)[images] for p, images in parts]))
+        return c
+
+    def add(self, field: str, which: torch.Tensor) -> None:
+        self.counts[:, self.FIELDS.index(field)] += which.long()
+
+    def record(self, which: torch.Tensor, kind: str, before: torch.Tensor, length: torch.Tensor) -> None:
+        row = torch.where(which, self.cycles, self.trace.shape[1] - 1)
+        entry = torch.stack([torch.full_like(before, self.KINDS.index(kind)), before, length], -1)
+        self.trace.scatter_(1, row[:, None, None].expand(-1, 1, 3), entry[:, None])
+        self.cycles.add_(which.long())
+
+    def fill(self, images: torch.Tensor, stats: list["ImageStats"]) -> None:
+        """Add the counts and traces of ``images`` to their statistics (one device-to-host read)."""
+        counts, cycles, trace = (self.counts[images].tolist(), self.cycles[images].tolist(),
+                                 self.trace[images].tolist())
+        for s, c, m, rows in zip(stats, counts, cycles, trace):
+            for field, value in zip(self.FIELDS, c):
+                setattr(s, field, getattr(s, field) + value)
+            for kind, before, length in rows[:m]:
+                s.trace.append([self.KINDS[kind], before, length])
+                if kind == 1:
+                    s.accept_lengths.append(length)
+                elif kind == 2:
+                    s.skip_lengths.append(length)
+
+
 class Stopwatch:
-    """Accumulates wall time per section; synchronises CUDA at section boundaries so GPU time is attributed."""
+    """Accumulates wall time per section. On CUDA it records events instead of waiting for the device and
+    resolves them in ``take``, so timing adds no synchronisation inside a cycle."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.total = {"draft": 0.0, "verify": 0.0, "other": 0.0}
-        self._section, self._start = "other", time.perf_counter()
+        self.spans: list = []  # CUDA: (section, start event, end event) not yet resolved
+        self._section, self._start = "other", self._now()
+        self.paused = False  # while a cycle is captured into a CUDA graph (no events can be recorded there)
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def section(self, name: str) -> None:
+        if self.paused:
+            return
+        now = self._now()
         if self.cuda:
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        self.total[self._section] += now - self._start
+            self.spans.append((self._section, self._start, now))
+        else:
+            self.total[self._section] += now - self._start
         self._section, self._start = name, now
 
     def take(self) -> dict[str, float]:
         """The time per section since the last ``take``."""
         self.section("other")
+        if self.spans:
+            self.spans[-1][2].synchronize()
+            for name, start, end in self.spans:
+                self.total[name] += start.elapsed_time(end) / 1000
+            self.spans.clear()
         total, self.total = self.total, dict.fromkeys(self.total, 0.0)
         return total
