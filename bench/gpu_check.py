@@ -1,9 +1,10 @@
 """Every GPU check in one script: run it on a machine with a CUDA GPU and torch (nothing else needed beyond the
 wheels named in docs/performance.md). Prints a short table and writes gpu_check.json (to $OUT when set).
 
-1. the tests marked ``gpu`` (CUDA-graph replay == eager, per graph and for whole decodes);
-2. per-step latency, eager vs CUDA graphs: drafter step and verify at every bucket, and the AR step;
-3. end-to-end seconds per image for ar, sd, lantern, vvs, eager vs graphs;
+1. the tests marked ``gpu`` (CUDA-graph replay == eager, per graph, per captured speculative cycle and for whole
+   decodes; at most one synchronising call per cycle);
+2. per-step latency, eager vs CUDA graphs: the draft_tree call and verify at every bucket, and the AR step;
+3. end-to-end seconds per image for ar, sd, lantern, vvs, eager vs graphs (speculative cycles captured whole);
 for the shipped model and for a randomly initialised GPT-XL-sized target (fp16) with a random drafter.
 
 Usage: PYTHONPATH=. python3 bench/gpu_check.py [--images 2] [--skip-xl]
@@ -31,6 +32,7 @@ from vvs.engines.torch_backend import torch_engines  # noqa: E402
 from vvs.export.spec import sample_inputs  # noqa: E402
 from vvs.models import GPT, Drafter, DrafterConfig, VQModel, gpt_config, vq_config  # noqa: E402
 from vvs.models.bundle import ModelBundle, load_bundle, shipped_info  # noqa: E402
+from vvs.runtime.cache import KVCache  # noqa: E402
 from vvs.runtime.options import DecodeOptions  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402
 
@@ -51,13 +53,12 @@ def median_ms(fn, repeats: int = 30) -> float:
 
 def step_latencies(engines, opts: DecodeOptions) -> list[dict]:
     cfg = engines.target
-    capacity = cfg.max_positions + 2 * opts.max_path_tokens
+    past = KVCache.slots(cfg.max_positions + 2 * opts.max_path_tokens)
     rows = []
-    for name in ("drafter_step", "target_verify"):
-        eager = engines.graphs[name]
+    for name in ("draft_tree", "target_verify"):
+        eager = engines.draft_tree(opts.tree) if name == "draft_tree" else engines.graphs[name]
         graphed = GraphedEngine(eager)
         for new in buckets(name, cfg.cls_token_num, opts):
-            past = capacity + (opts.depth * opts.draft_top_k if name == "drafter_step" else 0)
             inputs = sample_inputs(eager.spec, cfg.vocab_size, cfg.max_positions - 1,
                                    dict(batch=2, images=1, new=new, past=past))
             inputs = {k: v.cuda().to(engines.dtype) if v.is_floating_point() and k in ("features", "past_kv")

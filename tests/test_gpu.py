@@ -41,3 +41,46 @@ def test_graphed_decoding_equals_eager(bundle_factory, mode):
         b = graphed.generate(torch.tensor([1, 2]), mode=mode, seed=seed, temperature=0, cfg_scale=2.0,
                              decode_images=False)
         assert torch.equal(a.tokens, b.tokens)
+
+
+@pytest.mark.parametrize("options", [dict(mode="sd"), dict(mode="lantern"), dict(mode="vvs", skip_interval=2),
+                                     dict(mode="vvs", skip_policy="dynamic", sim_threshold=0.3)])
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0, top_p=0.8)])
+def test_captured_cycles_equal_eager(bundle_factory, options, sampling):
+    """Whole speculative cycles replayed as CUDA graphs (vvs.runtime.captured) give the eager loop's tokens and
+    forward counts, for a batch of three (skipping and verifying images mixed) and alone."""
+    eager = Pipeline(torch_engines(copy.deepcopy(bundle_factory()), "cuda"))
+    engines = torch_engines(copy.deepcopy(bundle_factory()), "cuda")
+    engines.capture_cycles = True
+    captured = Pipeline(engines)
+    small = dict(tree_size=12, depth=3, draft_top_k=4, top_k=0, lantern_k=4, skip_warmup_tokens=3, cfg_scale=2.0)
+    for classes in ([1, 2, 3], [4]):
+        args = dict(seed=5, decode_images=False, **small, **options, **sampling)
+        a = eager.generate(torch.tensor(classes), **args)
+        b = captured.generate(torch.tensor(classes), **args)
+        assert torch.equal(a.tokens, b.tokens)
+        assert [s.target_forwards for s in a.stats] == [s.target_forwards for s in b.stats]
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd", "vvs"])
+def test_a_cycle_synchronises_at_most_once_on_cuda(bundle_factory, mode):
+    """CUDA's own count: with torch's sync debug mode each synchronising call warns; a cycle makes one (the plan)."""
+    import warnings
+
+    from vvs.runtime.decode import Decoding, start
+    from vvs.runtime.options import DecodeOptions
+
+    engines = torch_engines(copy.deepcopy(bundle_factory()), "cuda")
+    opts = DecodeOptions(mode=mode, tree_size=12, depth=3, draft_top_k=4, top_k=0, lantern_k=4, skip_interval=2,
+                         cfg_scale=2.0, top_p=0.8)
+    loop = start(Decoding(engines, torch.tensor([1, 2]), opts, seeds=[0, 1]))
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        while not loop.plan.finished:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                loop.step()
+            syncs = [w for w in caught if "synchroniz" in str(w.message)]
+            assert len(syncs) <= 1, [str(w.message) for w in syncs]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

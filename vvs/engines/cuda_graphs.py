@@ -41,6 +41,8 @@ class GraphedEngine:
         return graph, static, outputs
 
     def run(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        if torch.cuda.is_current_stream_capturing():  # part of a captured cycle: record the call in that graph
+            return self.inner.run(**inputs)
         key = self.key(inputs)
         with self.lock:
             if key not in self.graphs:
@@ -54,10 +56,12 @@ class GraphedEngine:
 
 
 def capture_graphs(engines: EngineSet, options: DecodeOptions | None = None) -> EngineSet:
-    """Wrap the per-cycle graphs (draft tree, verify) in CUDA graphs over the option's buckets."""
+    """Wrap the per-cycle graphs (draft tree, verify) in CUDA graphs over the option's buckets; with the torch
+    backend, speculative cycles are also captured whole (:mod:`vvs.runtime.captured`)."""
     opts = options or DecodeOptions.from_dict(engines.default_options)
     for name in ("target_verify", "draft_tree"):
         engines.graphs[name] = BucketedEngine(GraphedEngine(engines.graphs[name]),
                                               buckets(name, engines.target.cls_token_num, opts))
+    engines.capture_cycles = engines.backend == "torch"
     engines.backend += "+cuda-graphs"
     return engines

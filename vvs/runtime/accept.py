@@ -86,25 +86,26 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None
     for level in range(tree.max_depth):
         moved = torch.zeros(n, dtype=torch.bool, device=dev)
         kids = children[img, node]  # [n, width]
+        drafts = tree.tokens.gather(1, kids.clamp(min=0))
         for j in range(kids.shape[1]):
-            child = kids[:, j]
-            trying = walking & ~moved & (child >= 0)
-            x = tree.tokens[img, child.clamp(min=0)]
+            x = drafts[:, j]
+            trying = walking & ~moved & (kids[:, j] >= 0)
             px = p.gather(1, x[:, None]).squeeze(1)
-            extra, lent = relax.lend(p, x) if relax is not None else (torch.zeros_like(px), None)
+            extra, lent = relax.lend(p, x) if relax is not None else (0.0, None)
             accept = trying & (u[:, 1 + level * kids.shape[1] + j] < px + extra)
-            reject = trying & ~accept
-            drop = torch.zeros_like(p, dtype=torch.bool).scatter(1, x[:, None], True)
+            # a rejection removes x (and the neighbours that lent it mass) from p, renormalised
+            residual = p.scatter(1, x[:, None], 0.0)
             if relax is not None:
                 nb = relax.neighbours[x]
-                drop |= torch.zeros_like(drop).scatter(1, nb, torch.arange(nb.shape[1], device=dev) < lent[:, None])
-            p = torch.where(reject[:, None] & drop, 0.0, p)
-            total = p.sum(1, keepdim=True)
-            p = torch.where(reject[:, None], torch.where(total > 0, p / total.clamp_min(1e-30), 1.0 / p.shape[1]), p)
-            node = torch.where(accept, child, node)
-            p = torch.where(accept[:, None], probs[img, node], p)
-            path[:, level + 1] = torch.where(accept, child, path[:, level + 1])
+                lender = torch.arange(nb.shape[1], device=dev) < lent[:, None]
+                residual = residual.scatter(1, nb, torch.where(lender, 0.0, residual.gather(1, nb)))
+            total = residual.sum(1, keepdim=True)
+            residual = torch.where(total > 0, residual / total.clamp_min(1e-30), 1.0 / p.shape[1])
+            p = torch.where((trying & ~accept)[:, None], residual, p)
+            node = torch.where(accept, kids[:, j], node)
             moved |= accept
+        p = torch.where(moved[:, None], probs[img, node], p)  # an accepted child's own distribution
+        path[:, level + 1] = torch.where(moved, node, path[:, level + 1])
         walking &= moved
     bonus = inverse_cdf(p, u[:, 0])
     return Accepted(path, (path >= 0).sum(1), bonus)

@@ -32,6 +32,7 @@ import torch
 from vvs.engines.base import EngineSet
 from vvs.models.gpt import caption_causal_mask, causal_mask
 from vvs.runtime.accept import Relaxation, accept_draws, greedy_accept, sample_accept
+from vvs.runtime.captured import CapturedCycle
 from vvs.runtime.cache import FeatureCache, KVCache, RowLayout, attention_mask, causal_within, gather_rows
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.random import ImageRandom
@@ -315,7 +316,7 @@ class Speculation:
         self.graph_inputs = {"cfg_mix": d.cfg_mix, **d.proc.graph_inputs()}
         self.width = opts.max_path_tokens  # widest chain, path, or drafter update
         self.accept_draws = accept_draws(opts.depth + 1, opts.draft_top_k)
-        self.captured = None  # a CapturedCycle when the cycle replays as CUDA graphs
+        self.captured = CapturedCycle(self) if d.engines.capture_cycles else None
 
     def _drafter_buffer(self) -> torch.Tensor:
         d, e = self.d, self.d.engines
