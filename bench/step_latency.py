@@ -2,8 +2,9 @@
 
 Usage: python bench/step_latency.py --engine engines [--backends onnxruntime,torch] [--threads 2]
 
-Times every graph at the shapes the decoding loop uses (drafter buckets, verify at 1 / tree / chain + tree,
-one image with guidance, full KV capacity), median of --repeats calls, backends interleaved per shape.
+Times every graph at the shapes the decoding loop uses (the draft_tree call for the prefill's slots and for a
+cycle's stable update, verify at 1 / tree / chain + tree, one image with guidance, full KV capacity), median of
+--repeats calls, backends interleaved per shape.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch  # noqa: E402
 from vvs.engines import load_engines  # noqa: E402
 from vvs.engines.buckets import buckets  # noqa: E402
 from vvs.export.spec import sample_inputs  # noqa: E402
+from vvs.runtime.cache import KVCache  # noqa: E402
 from vvs.runtime.options import DecodeOptions  # noqa: E402
 
 
@@ -35,14 +37,13 @@ def main():
     backends = {b: load_engines(args.engine, b, threads=args.threads) for b in args.backends.split(",")}
     first = next(iter(backends.values()))
     cfg, opts = first.target, DecodeOptions.from_dict(first.default_options)
-    capacity = cfg.max_positions + 2 * opts.max_path_tokens
-    shapes = [("target_prefill", None), *(("drafter_step", n) for n in buckets("drafter_step", cfg.cls_token_num, opts)),
+    past = KVCache.slots(cfg.max_positions + 2 * opts.max_path_tokens)
+    shapes = [("target_prefill", None), *(("draft_tree", n) for n in buckets("draft_tree", cfg.cls_token_num, opts)),
               *(("target_verify", n) for n in buckets("target_verify", cfg.cls_token_num, opts)), ("vq_decode", None)]
     print(f"| graph | new | {' | '.join(f'{b} ms' for b in backends)} |")
     print("|---|---|" + "---|" * len(backends))
     for name, new in shapes:
         spec = first.graphs[name].spec
-        past = capacity + (opts.depth * opts.draft_top_k if name == "drafter_step" else 0)
         dims = dict(batch=2, images=1, new=new or 1, past=past)
         inputs = dict(zip(spec.input_names, sample_inputs(spec, cfg.vocab_size, cfg.max_positions - 1, dims)))
         samples = {b: [] for b in backends}

@@ -71,7 +71,7 @@ RUN_CASES = [
     (["--backend", "torch", "--device", "cuda"], "option --device cuda: no CUDA device is available here"),
     (["--backend", "tensorrt"], "TensorRT plans run on an NVIDIA GPU and none is available here"),
     (["--mode", "ar", "--mode", "sd", "--draft-top-k", "11"],
-     "option --draft-top-k 11: the drafter graph returns at most 10 candidates per node"),
+     "option --draft-top-k 11: the engine folder accepts draft trees with at most 10 children per node"),
     (["--mode", ""], None),  # an empty value means "the default": not an error
 ]
 

@@ -144,7 +144,7 @@ def test_seeds(pipe):
     ({"skip_policy": "sometimes"}, "option skip_policy='sometimes'"),
     ({"temperature": -0.1}, "option temperature=-0.1"),
     ({"tree_size": 500}, "option tree_size=500: exceeds"),
-    ({"draft_top_k": 11}, "option draft_top_k=11: the drafter graph returns at most 10"),
+    ({"draft_top_k": 11}, "option draft_top_k=11: the engine folder accepts draft trees with at most 10 children"),
     ({"lantern_k": 16, "mode": "lantern"}, "option lantern_k=16: must be below the vocabulary size 16"),
     ({"speed": 2}, "unknown option(s): speed"),
 ])

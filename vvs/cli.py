@@ -75,7 +75,7 @@ def with_model_options(fn):
                    "the new one is complete.")
 @click.option("--force", is_flag=True, help="Replace an existing engine folder at --out.")
 @click.option("--max-draft-top-k", type=click.IntRange(1, 64), default=10, show_default=True,
-              help="Candidates per node the drafter graph returns (upper bound for --draft-top-k at run time).")
+              help="Largest --draft-top-k this folder accepts at run time (draft_tree graphs are built per tree shape).")
 @click.option("--lantern-k", type=click.IntRange(1), default=None,
               help="LANTERN neighbours stored per code (default: the decoding default lantern_k).")
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt", "tensorrt-rtx"]), default="onnxruntime",

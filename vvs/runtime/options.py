@@ -134,7 +134,8 @@ class DecodeOptions:
         if not self.uses_drafter:
             return
         if self.draft_top_k > max_draft_top_k:
-            bad("draft_top_k", f"the drafter graph returns at most {max_draft_top_k} candidates per node")
+            bad("draft_top_k", f"the engine folder accepts draft trees with at most {max_draft_top_k} children per "
+                               "node (export with a larger --max-draft-top-k)")
         if self.depth >= image_tokens:
             bad("depth", f"must be below the image's {image_tokens} tokens (a deeper tree drafts past the image)")
         if self.relaxed and self.lantern_k >= vocab_size:
