@@ -72,41 +72,40 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None
                   u: torch.Tensor) -> Accepted:
     """``probs [n, T, V]``: the processed target distribution at every node. ``u [n, >= accept_draws(...)]``:
     each image's uniforms, read by position — column 0 draws the bonus token, column ``1 + l * max_children + j``
-    decides the j-th child tried at depth l — so an image consumes the same values whatever its batch holds."""
-    n, _, _ = probs.shape
+    decides the j-th child tried at depth l — so an image consumes the same values whatever its batch holds.
+
+    Nodes are visited once each, in index order: that is depth by depth (the drafter proposes level after level)
+    and, among siblings, in drafter preference. A node is tried when its parent is where the walk stands, so the
+    walk needs no early exit (which would read the device) and costs one pass over the tree."""
+    n, t, _ = probs.shape
     dev = probs.device
     img = torch.arange(n, device=dev)
-    children = tree.children(max_children)
+    # each node's rank among its siblings, which picks its uniform
+    earlier = torch.ones(t, t, dtype=torch.bool, device=dev).tril(-1)  # [node, other]: other comes first
+    rank = ((tree.parent[:, :, None] == tree.parent[:, None, :]) & earlier).sum(-1)
+    column = 1 + (tree.depth - 1).clamp(min=0) * max_children + rank
     node = torch.zeros(n, dtype=torch.long, device=dev)
     p = probs[:, 0].clone()
-    walking = torch.ones(n, dtype=torch.bool, device=dev)
     path = torch.full((n, tree.max_depth + 1), -1, dtype=torch.long, device=dev)
     path[:, 0] = 0
-    # a fixed number of tries (no early exit): deciding to stop would need a read of the device's values
-    for level in range(tree.max_depth):
-        moved = torch.zeros(n, dtype=torch.bool, device=dev)
-        kids = children[img, node]  # [n, width]
-        drafts = tree.tokens.gather(1, kids.clamp(min=0))
-        for j in range(kids.shape[1]):
-            x = drafts[:, j]
-            trying = walking & ~moved & (kids[:, j] >= 0)
-            px = p.gather(1, x[:, None]).squeeze(1)
-            extra, lent = relax.lend(p, x) if relax is not None else (0.0, None)
-            accept = trying & (u[:, 1 + level * kids.shape[1] + j] < px + extra)
-            # a rejection removes x (and the neighbours that lent it mass) from p, renormalised
-            residual = p.scatter(1, x[:, None], 0.0)
-            if relax is not None:
-                nb = relax.neighbours[x]
-                lender = torch.arange(nb.shape[1], device=dev) < lent[:, None]
-                residual = residual.scatter(1, nb, torch.where(lender, 0.0, residual.gather(1, nb)))
-            total = residual.sum(1, keepdim=True)
-            residual = torch.where(total > 0, residual / total.clamp_min(1e-30), 1.0 / p.shape[1])
-            p = torch.where((trying & ~accept)[:, None], residual, p)
-            node = torch.where(accept, kids[:, j], node)
-            moved |= accept
-        p = torch.where(moved[:, None], probs[img, node], p)  # an accepted child's own distribution
-        path[:, level + 1] = torch.where(moved, node, path[:, level + 1])
-        walking &= moved
+    for child in range(1, t):
+        x = tree.tokens[:, child]
+        trying = tree.parent[:, child] == node
+        px = p.gather(1, x[:, None]).squeeze(1)
+        extra, lent = relax.lend(p, x) if relax is not None else (0.0, None)
+        accept = trying & (u.gather(1, column[:, child : child + 1]).squeeze(1) < px + extra)
+        # a rejection removes x (and the neighbours that lent it mass) from p, renormalised
+        residual = p.scatter(1, x[:, None], 0.0)
+        if relax is not None:
+            nb = relax.neighbours[x]
+            lender = torch.arange(nb.shape[1], device=dev) < lent[:, None]
+            residual = residual.scatter(1, nb, torch.where(lender, 0.0, residual.gather(1, nb)))
+        total = residual.sum(1, keepdim=True)
+        residual = torch.where(total > 0, residual / total.clamp_min(1e-30), 1.0 / p.shape[1])
+        p = torch.where(accept[:, None], probs[:, child], torch.where(trying[:, None], residual, p))
+        node = torch.where(accept, child, node)
+        path.scatter_(1, tree.depth[:, child : child + 1], torch.where(accept, child, path.gather(
+            1, tree.depth[:, child : child + 1]).squeeze(1))[:, None])
     bonus = inverse_cdf(p, u[:, 0])
     return Accepted(path, (path >= 0).sum(1), bonus)
 
