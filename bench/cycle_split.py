@@ -4,7 +4,8 @@ other (runtime) milliseconds and engine calls, ONNX Runtime CPU by default, batc
 Usage: python bench/cycle_split.py --engine engines [--images 8] [--threads 2] [--json out.json]
 
 Settings: ar; sd, lantern, vvs-uniform, vvs-dynamic with the folder's tree; lantern and vvs-uniform with the
-tree --tune picked on this machine (4 nodes, depth 2, top-k 2; skip interval 3).
+tree the first --tune picked on this machine (4 nodes, depth 2, top-k 2; skip interval 3), and vvs-uniform with
+the one it picks since drafting costs one call per cycle (a chain: 4 nodes, depth 2, top-k 1; skip interval 3).
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ SETTINGS = {
     "vvs-dynamic": dict(mode="vvs", skip_policy="dynamic"),
     "lantern 4x2x2": dict(mode="lantern", **SMALL_TREE),
     "vvs-uniform 4x2x2 skip 3": dict(mode="vvs", skip_policy="uniform", skip_interval=3, **SMALL_TREE),
+    "vvs-uniform 4x2x1 skip 3": dict(mode="vvs", skip_policy="uniform", skip_interval=3, tree_size=4, depth=2,
+                                     draft_top_k=1),
 }
 
 
