@@ -56,12 +56,11 @@ class GraphedEngine:
 
 
 def capture_graphs(engines: EngineSet, options: DecodeOptions | None = None) -> EngineSet:
-    """Wrap the per-cycle graphs (draft tree, verify) in CUDA graphs over the option's buckets; with the torch
-    backend, speculative cycles are also captured whole (:mod:`vvs.runtime.captured`)."""
+    """CUDA graphs for the torch backend: the verify graph per bucket (AR steps), and every speculative cycle
+    captured whole (:mod:`vvs.runtime.captured`), whose draft_tree and verify calls are recorded in it."""
     opts = options or DecodeOptions.from_dict(engines.default_options)
-    for name in ("target_verify", "draft_tree"):
-        engines.graphs[name] = BucketedEngine(GraphedEngine(engines.graphs[name]),
-                                              buckets(name, engines.target.cls_token_num, opts))
-    engines.capture_cycles = engines.backend == "torch"
+    engines.graphs["target_verify"] = BucketedEngine(GraphedEngine(engines.graphs["target_verify"]),
+                                                     buckets("target_verify", engines.target.cls_token_num, opts))
+    engines.capture_cycles = True
     engines.backend += "+cuda-graphs"
     return engines

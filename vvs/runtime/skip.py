@@ -33,11 +33,11 @@ def path_similarity(tree: DraftTree, codebook: torch.Tensor, decay: float) -> to
     depth_cols = tree.size - 1  # deeper than any path can be
     # per leaf, its path without the root, by depth: the node at depth d sits in column d - 1
     on_path = tree.ancestors & (tree.depth[:, None, :] > 0)  # [n, leaf, node]
-    col = torch.nn.functional.one_hot((tree.depth - 1).clamp(min=0), depth_cols).to(torch.float32)  # [n, node, l]
+    levels = torch.arange(depth_cols, device=tree.depth.device)
+    col = ((tree.depth - 1).clamp(min=0)[..., None] == levels).float()  # [n, node, l] (one_hot would read the device)
     vec = torch.nn.functional.normalize(codebook[tree.tokens].float(), dim=-1)  # [n, node, e]
     paths = torch.einsum("nij,njl,nje->nile", on_path.float(), col, vec)  # [n, leaf, l, e], zero past a path's end
     longest = (tree.depth * leaf).amax(1)  # [n]
-    levels = torch.arange(depth_cols, device=vec.device)
     weights = (decay ** levels.float())[None, :] * (levels[None, :] < longest[:, None])
     weights = weights / weights.sum(1, keepdim=True).clamp_min(1e-30)  # [n, l]
     cos = torch.einsum("nile,njle->nijl", paths, paths)  # zero where either path has no token at that depth
