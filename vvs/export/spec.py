@@ -92,13 +92,11 @@ def graph_specs(target, drafter, vq, tree, act: str = "float32") -> dict[str, Gr
 
     ``act`` is the dtype of activations, features and caches ("float32" or "float16"); logits are float32.
     """
-    t, d = target, drafter
+    t = target
     kv = ("batch", t.n_head, "past", t.head_dim)
     cond = (TensorSpec("condition", "int64", ("batch",)) if t.model_type == "c2i"
             else TensorSpec("condition", act, ("batch", t.cls_token_num, t.caption_dim)))
     image = vq.downsample * t.grid_size
-    processor = (TensorSpec("temperature", "float32", (1,)), TensorSpec("top_k", "int64", (1,)),
-                 TensorSpec("top_p", "float32", (1,)))
     return {
         "target_prefill": GraphSpec("target_prefill", (
             cond,
@@ -144,7 +142,7 @@ def draft_tree_spec(target, drafter, tree, act: str = "float32") -> GraphSpec:
         TensorSpec("new_count", "int64", ("images",)),
         TensorSpec("root_position", "int64", ("images",)),
         TensorSpec("cfg_mix", "float32", ("images", "batch")),
-        TensorSpec("temperature", "float32", (1,)),
+        TensorSpec("temperature", "float32", (1,)),  # the logits processor
         TensorSpec("top_k", "int64", (1,)),
         TensorSpec("top_p", "float32", (1,)),
     ), (

@@ -79,7 +79,6 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None
     walk needs no early exit (which would read the device) and costs one pass over the tree."""
     n, t, _ = probs.shape
     dev = probs.device
-    img = torch.arange(n, device=dev)
     # each node's rank among its siblings, which picks its uniform
     earlier = torch.ones(t, t, dtype=torch.bool, device=dev).tril(-1)  # [node, other]: other comes first
     rank = ((tree.parent[:, :, None] == tree.parent[:, None, :]) & earlier).sum(-1)

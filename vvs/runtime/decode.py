@@ -32,8 +32,8 @@ import torch
 from vvs.engines.base import EngineSet
 from vvs.models.gpt import caption_causal_mask, causal_mask
 from vvs.runtime.accept import Relaxation, accept_draws, greedy_accept, sample_accept
-from vvs.runtime.captured import CapturedCycle
 from vvs.runtime.cache import FeatureCache, KVCache, RowLayout, attention_mask, causal_within, gather_rows
+from vvs.runtime.captured import CapturedCycle
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.random import ImageRandom
 from vvs.runtime.sampling import Processor, cfg_matrix, sample

@@ -121,12 +121,14 @@ class Counters:
 
     def fill(self, images: torch.Tensor, stats: list["ImageStats"]) -> None:
         """Add the counts and traces of ``images`` to their statistics (one device-to-host read)."""
-        counts, cycles, trace = (self.counts[images].tolist(), self.cycles[images].tolist(),
-                                 self.trace[images].tolist())
-        for s, c, m, rows in zip(stats, counts, cycles, trace):
-            for field, value in zip(self.FIELDS, c):
-                setattr(s, field, getattr(s, field) + value)
-            for kind, before, length in rows[:m]:
+        n, f, width = len(stats), len(self.FIELDS), self.trace.shape[1]
+        values = torch.cat([self.counts[images].flatten(), self.cycles[images], self.trace[images].flatten()]).tolist()
+        for i, s in enumerate(stats):
+            for name, value in zip(self.FIELDS, values[i * f : (i + 1) * f]):
+                setattr(s, name, getattr(s, name) + value)
+            start = n * (f + 1) + i * width * 3
+            rows = values[start : start + values[n * f + i] * 3]
+            for kind, before, length in zip(rows[0::3], rows[1::3], rows[2::3]):
                 s.trace.append([self.KINDS[kind], before, length])
                 if kind == 1:
                     s.accept_lengths.append(length)
