@@ -46,9 +46,9 @@ class EngineSet:
     # draft_tree graphs by tree shape (graphs["draft_tree"] is the folder's own); ``tree_loader`` makes one for
     # another shape where the backend can, else it is None
     trees: dict = field(default_factory=dict, repr=False)
-    capture_cycles: bool = False  # replay whole speculative cycles as CUDA graphs (vvs.runtime.captured)
     tree_loader: Callable[[TreeShape], Engine] | None = field(default=None, repr=False)
     tree_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    capture_cycles: bool = False  # replay whole speculative cycles as CUDA graphs (vvs.runtime.captured)
 
     def close(self) -> None:
         """Persist what the backend learnt while running (also done when the process exits)."""
