@@ -14,7 +14,7 @@ import onnx
 
 from vvs.errors import VVSError
 from vvs.export.spec import GraphSpec
-from vvs.runtime.options import DecodeOptions, OptionsError
+from vvs.runtime.options import DecodeOptions, MAROptions, OptionsError
 
 FORMAT = "vvs-engine-folder/1"
 MANIFEST = "manifest.json"
@@ -59,16 +59,24 @@ def read_manifest(folder: Path) -> dict:
             raise EngineFolderError(f"{path}: has no {key!r} entry; re-export the folder")
     if not isinstance(manifest["decoding_defaults"], dict):
         raise EngineFolderError(f"{path}: decoding_defaults is not a mapping; fix the file or re-export the folder")
+    options = MAROptions if is_mar(manifest) else DecodeOptions
     try:
-        DecodeOptions.from_dict(manifest["decoding_defaults"])
+        options.from_dict(manifest["decoding_defaults"])
     except OptionsError as err:
         raise EngineFolderError(f"{path}: decoding_defaults: {err}; fix the file or re-export the folder") from None
     return manifest
 
 
+def is_mar(manifest: dict) -> bool:
+    """A folder of a MAR-style continuous-token model (:mod:`vvs.engines.mar`), not a LlamaGen one."""
+    return isinstance(manifest.get("model"), dict) and manifest["model"].get("family") == "mar"
+
+
 def referenced_files(manifest: dict) -> list[str]:
     """Every file the manifest points at: graphs, tables, and the plans of each TensorRT flavour."""
-    names = [g["file"] for g in manifest["graphs"].values()] + [manifest.get("tables", {}).get("file", TABLES)]
+    names = [g["file"] for g in manifest["graphs"].values()]
+    if not is_mar(manifest):
+        names.append(manifest.get("tables", {}).get("file", TABLES))
     for key in ("tensorrt", "tensorrt-rtx"):
         names += [e["file"] for e in manifest.get(key, {}).get("engines", {}).values()]
     return names

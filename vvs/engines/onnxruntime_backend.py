@@ -52,27 +52,38 @@ def providers_for(device: torch.device) -> list:
     return ["CPUExecutionProvider"]
 
 
-def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | None = None) -> EngineSet:
-    folder = Path(folder)
-    device = torch.device(device)
-    manifest = read_manifest(folder)
-    verify_files(folder, manifest)
+def session_options(threads: int | None) -> ort.SessionOptions:
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
     options.log_severity_level = 3
     # ORT's worker threads otherwise spin after every run and starve the runtime's own (torch) tensor code
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+def open_session(path: Path, spec: GraphSpec, device: torch.device, threads: int | None = None,
+                 options: ort.SessionOptions | None = None) -> OrtEngine:
+    """One graph of an engine folder, checked against its spec."""
+    check_onnx_matches_spec(path, spec)
+    try:
+        session = ort.InferenceSession(str(path), options or session_options(threads), providers=providers_for(device))
+    except Exception as err:  # ORT raises its own exception types for unreadable models
+        raise EngineFolderError(f"{path}: ONNX Runtime cannot load it ({str(err).splitlines()[0]})") from None
+    if device.type == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
+        raise EngineFolderError(f"{path}: the CUDA execution provider did not load (check CUDA 13 / cuDNN 9)")
+    return OrtEngine(session, spec, device)
+
+
+def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | None = None) -> EngineSet:
+    folder = Path(folder)
+    device = torch.device(device)
+    manifest = read_manifest(folder)
+    verify_files(folder, manifest)
+    options = session_options(threads)
 
     def load(path: Path, spec: GraphSpec) -> OrtEngine:
-        check_onnx_matches_spec(path, spec)
-        try:
-            session = ort.InferenceSession(str(path), options, providers=providers_for(device))
-        except Exception as err:  # ORT raises its own exception types for unreadable models
-            raise EngineFolderError(f"{path}: ONNX Runtime cannot load it ({str(err).splitlines()[0]})") from None
-        if device.type == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
-            raise EngineFolderError(f"{path}: the CUDA execution provider did not load (check CUDA 13 / cuDNN 9)")
-        return OrtEngine(session, spec, device)
+        return open_session(path, spec, device, options=options)
 
     engines = {}
     for name in GRAPHS:

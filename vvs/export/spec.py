@@ -154,7 +154,7 @@ def draft_tree_spec(target, drafter, tree, act: str = "float32") -> GraphSpec:
     ))
 
 
-SAMPLE_DIMS = {"batch": 4, "images": 2, "new": 3, "past": 7}  # distinct, so no dynamic axis gets specialised
+SAMPLE_DIMS = {"batch": 4, "images": 2, "new": 3, "past": 7, "tokens": 5}  # distinct, so no dynamic axis gets specialised
 
 
 def sample_tensor(spec: TensorSpec, dims: dict[str, int], vocab: int, max_position: int) -> torch.Tensor:
@@ -165,11 +165,13 @@ def sample_tensor(spec: TensorSpec, dims: dict[str, int], vocab: int, max_positi
         mask = torch.rand(shape) > 0.3
         mask[..., -shape[2]:] |= torch.eye(shape[2], dtype=torch.bool)  # every row sees itself
         return mask
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
     if spec.name in ("input_ids", "codes"):
         return torch.randint(0, vocab, shape)
     if spec.name == "position_ids":
         return torch.randint(0, max_position + 1, shape)
-    if spec.name == "condition" and dtype == torch.int64:
+    if spec.name == "labels" or (spec.name == "condition" and dtype == torch.int64):
         return torch.randint(0, 2, shape)
     if spec.name == "past_len":
         return torch.randint(0, max(1, dims["past"] - dims["new"] + 1), shape)

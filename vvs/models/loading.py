@@ -27,6 +27,8 @@ from torch import nn
 from vvs.errors import VVSError
 from vvs.models.drafter import Drafter, DrafterConfig
 from vvs.models.gpt import GPT, GPTConfig
+from vvs.models.kl_vae import AutoencoderKL, KLConfig
+from vvs.models.mar import MAR, MARConfig
 from vvs.models.vq import VQConfig, VQModel
 
 
@@ -75,9 +77,10 @@ def read_checkpoint(path: os.PathLike | str, *, ema: bool = False) -> tuple[dict
     obj = _read_pickle(path)
     if not isinstance(obj, dict):
         raise CheckpointError(path, f"expected a dict of tensors, found {type(obj).__name__}")
-    wanted = ("ema", "model", "module", "state_dict") if ema else ("model", "module", "state_dict")
-    if ema and "ema" not in obj:
-        raise CheckpointError(path, "asked for EMA weights but the file has no 'ema' entry")
+    # LlamaGen stores EMA weights under 'ema', MAR under 'model_ema'
+    wanted = ("ema", "model_ema") if ema else ("model", "module", "state_dict")
+    if ema and not any(k in obj for k in wanted):
+        raise CheckpointError(path, "asked for EMA weights but the file has no 'ema' or 'model_ema' entry")
     for key in wanted:
         if isinstance(obj.get(key), dict):
             obj = obj[key]
@@ -177,6 +180,35 @@ def load_vq(path, config: VQConfig | None = None, *, ema: bool = False) -> VQMod
         hint = (f"the file's codebook is {list(book.shape)}, the config expects "
                 f"[{config.codebook_size}, {config.codebook_embed_dim}]")
     load_state(model, state, path, hint)
+    return model.eval()
+
+
+def load_mar(path, config: MARConfig | None = None, *, ema: bool = False) -> MAR:
+    """A MAR from an official ``checkpoint-last.pth`` (config required, e.g. ``mar_config("mar_base")``) or a vvs
+    safetensors file (config inside)."""
+    state, meta = read_checkpoint(path, ema=ema)
+    stored = _config_from_meta(meta, "mar", path)
+    if stored is not None:
+        config = MARConfig(**stored)
+    if config is None:
+        raise CheckpointError(path, "an official MAR checkpoint carries no config: pass --config (e.g. mar_base)")
+    model = MAR(config)
+    width = state.get("z_proj.weight")
+    hint = ""
+    if width is not None:
+        hint = (f"the file's encoder is {width.shape[0]} wide over {width.shape[1]}-dim tokens, the config expects "
+                f"{config.encoder_embed_dim} over {config.token_embed_dim}")
+    load_state(model, state, path, hint)
+    return model.eval()
+
+
+def load_kl_vae(path, config: KLConfig | None = None) -> AutoencoderKL:
+    """MAR's KL-16 VAE from the official ``kl16.ckpt`` (weights under 'model') or a vvs safetensors file."""
+    state, meta = read_checkpoint(path)
+    stored = _config_from_meta(meta, "kl_vae", path)
+    config = KLConfig(**stored) if stored is not None else (config or KLConfig())
+    model = AutoencoderKL(config)
+    load_state(model, state, path)
     return model.eval()
 
 

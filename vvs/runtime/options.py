@@ -49,8 +49,46 @@ class TreeShape(NamedTuple):
         return f"{self.tree_size}x{self.depth}x{self.draft_top_k}"
 
 
+def check_types(options) -> None:
+    """Every field of an options dataclass has its declared type (ints given as floats become floats)."""
+    for f in fields(options):
+        value = getattr(options, f.name)
+        why = None
+        if f.type == "int" and not (isinstance(value, int) and not isinstance(value, bool)):
+            why = "must be an integer"
+        if f.type == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                why = "must be a number"
+            elif not math.isfinite(value):
+                why = "must be a finite number"
+            else:
+                object.__setattr__(options, f.name, float(value))
+        if f.type == "bool" and not isinstance(value, bool):
+            why = "must be true or false"
+        if f.type == "str" and not isinstance(value, str):
+            why = "must be a string"
+        if why:
+            raise OptionsError.bad(f.name, value, why)
+
+
+class _Updatable:
+    def updated(self, **changes):
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise OptionsError(f"unknown option(s): {', '.join(sorted(unknown))}; known: "
+                               f"{', '.join(f.name for f in fields(self))}")
+        return replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        return cls().updated(**data)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
-class DecodeOptions:
+class DecodeOptions(_Updatable):
     mode: str = "vvs"
     # sampling (target and drafter share one logits processor: temperature -> top-k -> top-p)
     temperature: float = 1.0  # 0 = greedy
@@ -76,20 +114,7 @@ class DecodeOptions:
         def bad(name, why):
             raise OptionsError.bad(name, getattr(self, name), why)
 
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and not (isinstance(value, int) and not isinstance(value, bool)):
-                bad(f.name, "must be an integer")
-            if f.type == "float":
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    bad(f.name, "must be a number")
-                if not math.isfinite(value):
-                    bad(f.name, "must be a finite number")
-                object.__setattr__(self, f.name, float(value))
-            if f.type == "bool" and not isinstance(value, bool):
-                bad(f.name, "must be true or false")
-            if f.type == "str" and not isinstance(value, str):
-                bad(f.name, "must be a string")
+        check_types(self)
         if self.mode not in MODES:
             bad("mode", f"unknown mode; choose one of {', '.join(MODES)}")
         if self.skip_policy not in SKIP_POLICIES:
@@ -170,16 +195,58 @@ class DecodeOptions:
         """Root plus the deepest drafted token."""
         return self.depth + 2
 
-    def updated(self, **changes) -> "DecodeOptions":
-        unknown = set(changes) - {f.name for f in fields(self)}
-        if unknown:
-            raise OptionsError(f"unknown option(s): {', '.join(sorted(unknown))}; known: "
-                               f"{', '.join(f.name for f in fields(self))}")
-        return replace(self, **changes)
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "DecodeOptions":
-        return cls().updated(**data)
+MAR_MODES = ("ar", "cspd")
+CFG_SCHEDULES = ("linear", "constant")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+
+@dataclass(frozen=True)
+class MAROptions(_Updatable):
+    """Decoding knobs of MAR-style continuous-token models (MAR's ``sample_tokens`` and CSpD's runner)."""
+
+    mode: str = "cspd"
+    num_iter: int = 64  # generation steps (cosine schedule of tokens still masked)
+    cfg_scale: float = 1.0  # guidance above 1, on the diffusion head's epsilon
+    cfg_schedule: str = "linear"  # linear: guidance grows with the tokens known (as MAR, after Muse)
+    temperature: float = 1.0  # scales the diffusion sampler's noise
+    # CSpD
+    prefill_ratio: float = 0.15  # the first steps (num_iter * ratio, and the step after) are the target's
+    draft_steps: int = 8  # draft steps per verification (one target forward checks them all)
+    max_residual_tries: int = 100  # acceptance-rejection tries for a rejected token before the defined fallback
+
+    def __post_init__(self):
+        def bad(name, why):
+            raise OptionsError.bad(name, getattr(self, name), why)
+
+        check_types(self)
+        if self.mode not in MAR_MODES:
+            bad("mode", f"unknown mode for a MAR model; choose one of {', '.join(MAR_MODES)}")
+        if self.cfg_schedule not in CFG_SCHEDULES:
+            bad("cfg_schedule", f"choose one of {', '.join(CFG_SCHEDULES)}")
+        if self.num_iter < 1:
+            bad("num_iter", "must be >= 1")
+        if self.cfg_scale < 0:
+            bad("cfg_scale", "must be >= 0 (1 or less disables classifier-free guidance)")
+        if self.temperature <= 0:
+            bad("temperature", "must be > 0 (the diffusion sampler has no greedy mode)")
+        if not 0 <= self.prefill_ratio < 1:
+            bad("prefill_ratio", "must be in [0, 1)")
+        if self.draft_steps < 1:
+            bad("draft_steps", "must be >= 1")
+        if self.max_residual_tries < 1:
+            bad("max_residual_tries", "must be >= 1")
+
+    def check_model(self, seq_len: int) -> None:
+        if self.num_iter > seq_len:
+            raise OptionsError.bad("num_iter", self.num_iter, f"exceeds the image's {seq_len} tokens (each step "
+                                                              "generates at least one)")
+
+    @property
+    def guided(self) -> bool:
+        return self.cfg_scale > 1.0
+
+    @property
+    def prefill_steps(self) -> int:
+        """Steps the target runs before drafting starts (CSpD's ``step <= num_iter * ratio``)."""
+        return min(self.num_iter, int(self.num_iter * self.prefill_ratio) + 1)
+

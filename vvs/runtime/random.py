@@ -45,6 +45,10 @@ class ImageRandom:
         random.gens = [p.gens[i] for p, images in parts for i in images.tolist()]
         return random
 
+    def normal(self, *shape: int) -> torch.Tensor:
+        """``[n, *shape]`` standard normals, ``shape`` fresh values from every image's stream."""
+        return torch.stack([torch.randn(shape, generator=g, device=self.device) for g in self.gens])
+
     def uniform(self, count: int) -> torch.Tensor:
         """``[n, count]`` uniforms in [0, 1): ``count`` fresh values from every image's stream."""
         return torch.stack([torch.rand(count, generator=g, device=self.device) for g in self.gens])

@@ -7,6 +7,11 @@
   per skipped verification, the tokens committed without one.
 - ``trace``: one entry per decoding cycle, ``[kind, image tokens before the cycle, tokens committed]`` with
   kind ``"verify"`` or ``"skip"`` (``"ar"`` steps for AR).
+- MAR models (``vvs.runtime.mar_decode``): one token is one continuous latent; ``target_forwards`` counts the
+  target's transformer forwards (each with its diffusion head), ``drafter_forwards`` the draft model's;
+  ``verified_lengths`` are the drafted tokens each verification checked and ``accept_lengths`` those it kept
+  (``acceptance_rate`` = kept / checked); ``residual_fallbacks`` counts rejected tokens whose residual sampler
+  ran out of tries (see ``vvs.runtime.cspd``).
 - ``seconds`` and its ``draft/verify/other`` split: each stretch of a batch's wall time shared equally by the
   images in the batch then (images may join and leave a running batch); verify time is all target time (prefill
   included), draft time all drafter time (tree building included).
@@ -29,6 +34,8 @@ class ImageStats:
     skipped_verifications: int = 0
     accept_lengths: list[int] = field(default_factory=list)
     skip_lengths: list[int] = field(default_factory=list)
+    verified_lengths: list[int] = field(default_factory=list)
+    residual_fallbacks: int = 0
     trace: list[list] = field(default_factory=list)
     seconds: float = 0.0
     draft_seconds: float = 0.0
@@ -47,6 +54,10 @@ class ImageStats:
     def mean_accept_length(self) -> float:
         return statistics.fmean(self.accept_lengths) if self.accept_lengths else 1.0
 
+    @property
+    def acceptance_rate(self) -> float | None:
+        return sum(self.accept_lengths) / sum(self.verified_lengths) if sum(self.verified_lengths) else None
+
     def to_dict(self) -> dict:
         return {
             "tokens": self.tokens,
@@ -59,6 +70,9 @@ class ImageStats:
             "mean_accept_length": self.mean_accept_length,
             "accept_lengths": self.accept_lengths,
             "skip_lengths": self.skip_lengths,
+            "verified_lengths": self.verified_lengths,
+            "acceptance_rate": self.acceptance_rate,
+            "residual_fallbacks": self.residual_fallbacks,
             "seconds": self.seconds,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
@@ -72,6 +86,7 @@ def aggregate(stats: list[ImageStats]) -> dict:
     tokens = sum(s.tokens for s in stats)
     forwards = sum(s.target_forwards for s in stats)
     accepts = [a for s in stats for a in s.accept_lengths]
+    verified = sum(v for s in stats for v in s.verified_lengths)
     return {
         "images": len(stats),
         "tokens": tokens,
@@ -82,6 +97,8 @@ def aggregate(stats: list[ImageStats]) -> dict:
         "skipped_verifications": sum(s.skipped_verifications for s in stats),
         "tokens_per_target_forward": tokens / max(1, forwards),
         "mean_accept_length": statistics.fmean(accepts) if accepts else 1.0,
+        "acceptance_rate": sum(accepts) / verified if verified else None,
+        "residual_fallbacks": sum(s.residual_fallbacks for s in stats),
         "seconds": sum(s.seconds for s in stats),
         "seconds_per_image": statistics.fmean(s.seconds for s in stats) if stats else 0.0,
         "draft_seconds": sum(s.draft_seconds for s in stats),
