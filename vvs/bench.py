@@ -33,6 +33,7 @@ SWEEP_KEYS = {
     "tree_size": ("sd", "lantern", "vvs", "vvs-uniform", "vvs-dynamic"),
     "depth": ("sd", "lantern", "vvs", "vvs-uniform", "vvs-dynamic"),
     "draft_top_k": ("sd", "lantern", "vvs", "vvs-uniform", "vvs-dynamic"),
+    "draft_steps": ("cspd",),
 }
 OPTION_OF = {"delta": "lantern_delta"}
 
@@ -61,18 +62,19 @@ def parse_sweep(items: tuple[str, ...]) -> dict[str, list]:
     return sweep
 
 
-def make_settings(modes: list[str], sweep: dict[str, list]) -> list[Setting]:
-    unknown = [m for m in modes if m not in MODE_NAMES]
+def make_settings(modes: list[str], sweep: dict[str, list], names: dict = MODE_NAMES) -> list[Setting]:
+    """``names``: the mode names of the model family (``MODE_NAMES`` or ``MAR_MODE_NAMES``)."""
+    unknown = [m for m in modes if m not in names]
     if unknown:
-        raise VVSError(f"option --mode: unknown {', '.join(unknown)}; choose from {', '.join(MODE_NAMES)}")
-    settings = [Setting(m, dict(MODE_NAMES[m])) for m in modes]
+        raise VVSError(f"option --mode: unknown {', '.join(unknown)}; choose from {', '.join(names)}")
+    settings = [Setting(m, dict(names[m])) for m in modes]
     for key, values in sweep.items():
         for m in modes:
             if m in SWEEP_KEYS[key]:
                 for v in values:
-                    settings.append(Setting(f"{m}[{key}={v}]", {**MODE_NAMES[m], OPTION_OF.get(key, key): v}))
+                    settings.append(Setting(f"{m}[{key}={v}]", {**names[m], OPTION_OF.get(key, key): v}))
     if "ar" not in modes:
-        settings.insert(0, Setting("ar", dict(MODE_NAMES["ar"])))  # speed-ups are measured against it
+        settings.insert(0, Setting("ar", dict(names["ar"])))  # speed-ups are measured against it
     return settings
 
 
@@ -138,6 +140,7 @@ def summarize(runs: dict[str, Runs], settings: list[Setting]) -> dict:
             "target_forwards_per_image": agg["target_forwards"] / n,
             "skipped_verifications_per_image": agg["skipped_verifications"] / n,
             "mean_accept_length": agg["mean_accept_length"],
+            "acceptance_rate": agg["acceptance_rate"],
             "drafter_forwards_per_image": agg["drafter_forwards"] / n,
             "seconds_per_image": spread(r.seconds),
             "speedup_vs_ar": ar_median / statistics.median(r.seconds),
@@ -158,26 +161,25 @@ def within_ar_spread(entry: dict, ar: dict) -> bool:
         return True
     return (entry["class_accuracy"]["median"] >= ar["class_accuracy"]["min"]
             and entry["domain_fid"]["median"] <= ar["domain_fid"]["max"]
-            and entry["nll"]["median"] <= ar["nll"]["max"])
+            and ("nll" not in entry or entry["nll"]["median"] <= ar["nll"]["max"]))
 
 
 def markdown_table(results: dict) -> str:
     modes = results["modes"]
-    quality = "class_accuracy" in modes["ar"]
+    quality = [k for k in ("class_accuracy", "domain_fid", "nll") if k in modes["ar"]]
     head = ["setting", "TPF", "target fwd/img", "skipped/img", "accept len", "s/img (median [min-max])",
             "speed-up vs ar", "draft/verify s/img"]
-    if quality:
-        head += ["class acc", "domain FID", "NLL"]
+    head += [{"class_accuracy": "class acc", "domain_fid": "domain FID", "nll": "NLL"}[k] for k in quality]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, e in modes.items():
         s = e["seconds_per_image"]
+        accepted = (f"{e['mean_accept_length']:.2f}" if e.get("acceptance_rate") is None
+                    else f"{e['acceptance_rate']:.1%} of drafts")
         cells = [label, f"{e['tokens_per_target_forward']:.2f}", f"{e['target_forwards_per_image']:.1f}",
-                 f"{e['skipped_verifications_per_image']:.1f}", f"{e['mean_accept_length']:.2f}",
+                 f"{e['skipped_verifications_per_image']:.1f}", accepted,
                  f"{s['median']:.3f} [{s['min']:.3f}-{s['max']:.3f}]", f"{e['speedup_vs_ar']:.2f}x",
                  f"{e['draft_seconds_per_image']:.3f}/{e['verify_seconds_per_image']:.3f}"]
-        if quality:
-            cells += [f"{e[k]['median']:.3f} [{e[k]['min']:.3f}-{e[k]['max']:.3f}]"
-                      for k in ("class_accuracy", "domain_fid", "nll")]
+        cells += [f"{e[k]['median']:.3f} [{e[k]['min']:.3f}-{e[k]['max']:.3f}]" for k in quality]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
@@ -236,11 +238,15 @@ def load_instruments(folder: Path, manifest: dict):
     from vvs.quality import Instruments
     from vvs.train.shipped import load_classifier
 
+    from vvs.engines.manifest import is_mar
+
     try:
         shipped = [c["name"] for c in shipped_info()["classes"]]
     except VVSError:
         return None
     if manifest["model"].get("classes") != shipped:
         return None
-    return Instruments(load_classifier(SHIPPED_DIR / "classifier.safetensors"),
-                       load_gpt(Path(folder) / TORCH_WEIGHTS["target"]))
+    classifier = load_classifier(SHIPPED_DIR / "classifier.safetensors")
+    if is_mar(manifest):
+        return Instruments(classifier)
+    return Instruments(classifier, load_gpt(Path(folder) / TORCH_WEIGHTS["target"]))

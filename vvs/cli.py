@@ -13,7 +13,9 @@ from pathlib import Path
 import click
 
 from vvs.errors import VVSError
-from vvs.runtime.options import MODE_NAMES, DecodeOptions, OptionsError
+from dataclasses import fields
+
+from vvs.runtime.options import MAR_MODE_NAMES, MODE_NAMES, DecodeOptions, MAROptions, OptionsError
 
 
 def _main(command: click.Command, prog: str) -> None:
@@ -38,10 +40,12 @@ def _main(command: click.Command, prog: str) -> None:
 # --------------------------------------------------------------------------- vvs-export
 
 model_options = [
-    click.option("--model", type=click.Choice(["llamagen"]), default="llamagen", show_default=True,
-                 help="Model family."),
+    click.option("--model", type=click.Choice(["llamagen", "mar"]), default="llamagen", show_default=True,
+                 help="Model family: llamagen (discrete VQ tokens; VVS, EAGLE-2, LANTERN) or mar (continuous tokens; "
+                      "continuous speculative decoding)."),
     click.option("--config", "config", default=None,
-                 help="Named GPT size of --checkpoint (GPT-B, GPT-L, GPT-XL, ...). Not needed for vvs files."),
+                 help="Named size of --checkpoint: GPT-B, GPT-L, GPT-XL, ... (llamagen) or mar_base, mar_large, "
+                      "mar_huge (mar). Not needed for vvs files."),
     click.option("--t2i", is_flag=True, help="The checkpoint is text-conditional (120 caption slots)."),
     click.option("--grid-size", type=click.IntRange(1), default=None,
                  help="Token grid side of --checkpoint: 16 (256 px, default), 24 (384 px), 32 (512 px)."),
@@ -51,8 +55,12 @@ model_options = [
                  help="VQ tokenizer weights. Default: the shipped tokenizer."),
     click.option("--vq-config", default=None, help="Named VQ size of --vq (VQ-16, VQ-8). Not needed for vvs files."),
     click.option("--drafter", type=click.Path(), default=None,
-                 help="Drafter: a LANTERN/EAGLE folder or a vvs .safetensors. Default: the shipped drafter."),
-    click.option("--ema", is_flag=True, help="Load the 'ema' weights of official checkpoints."),
+                 help="Drafter: a LANTERN/EAGLE folder or a vvs .safetensors (llamagen); the draft MAR's weights "
+                      "(mar). Default: the shipped one."),
+    click.option("--draft-config", default=None, help="mar: named size of an official --drafter (e.g. mar_base)."),
+    click.option("--vae", type=click.Path(dir_okay=False), default=None,
+                 help="mar: MAR's KL-16 VAE (official kl16.ckpt) for official checkpoints."),
+    click.option("--ema", is_flag=True, help="Load the EMA weights of official checkpoints ('ema' / 'model_ema')."),
 ]
 
 
@@ -87,8 +95,8 @@ def with_model_options(fn):
               help="tensorrt-rtx: GPUs to build for, e.g. 8.6,8.9,12.0 (default: every one the builder supports).")
 @click.option("--max-images", type=click.IntRange(1, 64), default=8, show_default=True,
               help="TensorRT: the most images one engine call decodes (the profiles' batch range).")
-def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter, ema, precision, out, force,
-               max_draft_top_k, lantern_k, backend, compute_capability, max_images):
+def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter, draft_config, vae, ema, precision,
+               out, force, max_draft_top_k, lantern_k, backend, compute_capability, max_images):
     import time
 
     from vvs.export.exporter import check_out_dir, export_folder
@@ -98,17 +106,26 @@ def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter
     check_out_dir(Path(out).resolve(), force)  # before loading anything
     if compute_capability and backend != "tensorrt-rtx":
         raise VVSError("option --compute-capability: needs --backend tensorrt-rtx")
+    check_family_options(model, t2i=t2i, grid_size=grid_size, vq=vq, vq_config=vq_config, draft_config=draft_config,
+                         vae=vae, precision=None if precision == "fp32" else precision)
+    if backend == "tensorrt" and model == "mar":
+        raise VVSError("option --backend tensorrt: MAR folders build for tensorrt-rtx only so far; use --backend "
+                       "tensorrt-rtx or onnxruntime")
     if backend != "onnxruntime":  # fail before the export, not after it
         from vvs.engines.tensorrt_build import check_build_request, parse_compute_capabilities
 
         capabilities = parse_compute_capabilities(compute_capability)
         check_build_request(backend, capabilities)
-    bundle = load_bundle(checkpoint, config, vq, vq_config, drafter, t2i=t2i, ema=ema, grid_size=grid_size)
-    click.echo(bundle.summary())
-    shipped = shipped_info() if not (checkpoint or drafter or vq) else None
-    extra = {"classes": [c["name"] for c in shipped["classes"]], "image_size": shipped["image_size"]} if shipped else {}
-    defaults = shipped["decoding_defaults"] if shipped else {}
-    manifest = export_folder(bundle, Path(out), precision, max_draft_top_k, lantern_k, defaults, extra, force=force)
+    if model == "mar":
+        manifest = export_mar(checkpoint, config, drafter, draft_config, vae, ema, Path(out), force)
+    else:
+        bundle = load_bundle(checkpoint, config, vq, vq_config, drafter, t2i=t2i, ema=ema, grid_size=grid_size)
+        click.echo(bundle.summary())
+        shipped = shipped_info() if not (checkpoint or drafter or vq) else None
+        extra = ({"classes": [c["name"] for c in shipped["classes"]], "image_size": shipped["image_size"]}
+                 if shipped else {})
+        defaults = shipped["decoding_defaults"] if shipped else {}
+        manifest = export_folder(bundle, Path(out), precision, max_draft_top_k, lantern_k, defaults, extra, force=force)
     if backend != "onnxruntime":
         from vvs.engines.tensorrt_build import build_folder
 
@@ -120,6 +137,32 @@ def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter
     click.echo(f"wrote {out}/: {len(manifest['graphs'])} graphs ({precision}, opset {manifest['versions']['opset']}), "
                f"{len(manifest['files'])} files, {total / 1e6:.1f} MB, in {time.time() - start:.0f} s")
     click.echo(f"next: vvs-run --engine {out}")
+
+
+LLAMAGEN_ONLY = {"t2i": "--t2i", "grid_size": "--grid-size", "vq": "--vq", "vq_config": "--vq-config",
+                 "precision": "--precision"}
+MAR_ONLY = {"draft_config": "--draft-config", "vae": "--vae"}
+
+
+def check_family_options(model: str, **given) -> None:
+    """Options of the other model family are an error, not silently ignored."""
+    wrong = LLAMAGEN_ONLY if model == "mar" else MAR_ONLY
+    for name, flag in wrong.items():
+        if given.get(name):
+            other = "llamagen" if model == "mar" else "mar"
+            raise VVSError(f"option {flag}: applies to --model {other} only"
+                           + (" (MAR folders are fp32)" if name == "precision" else ""))
+
+
+def export_mar(checkpoint, config, drafter, draft_config, vae, ema, out: Path, force: bool) -> dict:
+    from vvs.export.mar_exporter import export_mar_folder
+    from vvs.models.bundle import load_mar_bundle
+
+    bundle = load_mar_bundle(checkpoint, config, drafter, draft_config, vae, ema=ema)
+    click.echo(bundle.summary())
+    extra = {"classes": bundle.classes} if bundle.classes else {}
+    return export_mar_folder(bundle.target, bundle.draft, bundle.tokenizer, out, bundle.image_size,
+                             bundle.decoding_defaults, extra, force=force)
 
 
 # --------------------------------------------------------------------------- vvs-run
@@ -139,13 +182,34 @@ DECODING_FLAGS = {
     "--sim-threshold": ("sim_threshold", float, "dynamic: latent similarity needed to skip."),
     "--lantern-k": ("lantern_k", int, "LANTERN: latent neighbours per drafted token."),
     "--lantern-delta": ("lantern_delta", float, "LANTERN: total-variation budget δ."),
+    "--num-iter": ("num_iter", int, "MAR: generation steps."),
+    "--draft-steps": ("draft_steps", int, "MAR cspd: draft steps per verification."),
 }
 FLAG_OF = {field: flag for flag, (field, _, _) in DECODING_FLAGS.items()}
+
+
+def _published(field: str):
+    return getattr(PUBLISHED, field) if hasattr(PUBLISHED, field) else getattr(MAROptions(), field)
+
+
 decoding_options = [
     click.option(flag, field, type=kind, default=None,
-                 help=f"{text} Default: the engine folder's (published: {getattr(PUBLISHED, field)}).")
+                 help=f"{text} Default: the engine folder's (published: {_published(field)}).")
     for flag, (field, kind, text) in DECODING_FLAGS.items()
 ]
+
+
+def family_overrides(decoding: dict, mar: bool) -> dict:
+    """The decoding flags given, checked against the folder's model family."""
+    options = MAROptions if mar else DecodeOptions
+    known = {f.name for f in fields(options)}
+    given = {k: v for k, v in decoding.items() if v is not None}
+    for name in given:
+        if name not in known:
+            family = "LlamaGen" if mar else "MAR"
+            raise VVSError(f"option {FLAG_OF[name]}: applies to {family} engine folders only; this folder holds a "
+                           f"{'MAR' if mar else 'LlamaGen'} model")
+    return given
 
 
 def flag_message(err: OptionsError) -> str:
@@ -167,11 +231,11 @@ def split_values(values: tuple[str, ...]) -> list[str]:
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
-def resolve_modes(values: tuple[str, ...], default: list[str]) -> list[str]:
+def resolve_modes(values: tuple[str, ...], default: list[str], names: dict = MODE_NAMES) -> list[str]:
     modes = split_values(values) or default
-    unknown = [m for m in modes if m not in MODE_NAMES]
+    unknown = [m for m in modes if m not in names]
     if unknown:
-        raise VVSError(f"option --mode {unknown[0]!r}: unknown; choose from {', '.join(MODE_NAMES)}")
+        raise VVSError(f"option --mode {unknown[0]!r}: unknown; choose from {', '.join(names)}")
     return modes
 
 
@@ -256,25 +320,27 @@ def run_cmd(engine_dir, backend, device, modes, classes, num_images, batch_size,
     from tqdm import tqdm
 
     from vvs.engines import load_engines
-    from vvs.engines.manifest import read_manifest
+    from vvs.engines.manifest import is_mar, read_manifest
     from vvs.output import RunWriter
-    from vvs.runtime.pipeline import Pipeline
 
     manifest = read_manifest(Path(engine_dir))
-    modes = resolve_modes(modes, [])
+    mar = is_mar(manifest)
+    mode_names = MAR_MODE_NAMES if mar else MODE_NAMES
+    modes = resolve_modes(modes, [], mode_names)
+    overrides = family_overrides(decoding, mar)
     names = manifest["model"].get("classes")
     target = manifest["model"]["target"]
-    if target["model_type"] != "c2i":
+    if not mar and target["model_type"] != "c2i":
         raise VVSError("vvs-run generates class-conditional images; use the Pipeline API with caption embeddings "
                        "for text-conditional models")
-    labels = resolve_classes(classes, names, target["num_classes"], num_images or (len(split_values(classes)) or 4))
+    num_classes = target["class_num"] if mar else target["num_classes"]
+    labels = resolve_classes(classes, names, num_classes, num_images or (len(split_values(classes)) or 4))
     seeds = resolve_seeds(seed, len(labels))
     engines = load_engines(engine_dir, backend, device, threads)
-    pipe = Pipeline(engines, max_batch=batch_size)
-    overrides = {k: v for k, v in decoding.items() if v is not None}
+    pipe = make_pipeline(engines, batch_size)
     modes = modes or [pipe.options.mode]
     for mode in modes:  # every mode's options are checked before the first image
-        pipe.options_for(**{**MODE_NAMES[mode], **overrides})
+        pipe.options_for(**{**mode_names[mode], **overrides})
     writer = RunWriter(Path(out), stats_json, save_tokens, overwrite)  # checks every output path before any work
     try:
         bar = tqdm(total=len(modes) * len(labels), desc="generate", unit="img", dynamic_ncols=True)
@@ -284,13 +350,26 @@ def run_cmd(engine_dir, backend, device, modes, classes, num_images, batch_size,
                 chunk = torch_tensor(labels[start : start + batch_size])
                 bar.set_postfix_str(mode)
                 results.append(pipe.generate(chunk, seed=seeds[start : start + batch_size],
-                                             **{**MODE_NAMES[mode], **overrides}))
+                                             **{**mode_names[mode], **overrides}))
                 bar.update(len(chunk))
             writer.add(mode, labels, results, names)
         bar.close()
         writer.finish(engines.backend)
     finally:
         writer.close()
+
+
+def make_pipeline(engines, max_batch: int):
+    """The pipeline of the engine set's model family."""
+    from vvs.engines.mar import MAREngineSet
+
+    if isinstance(engines, MAREngineSet):
+        from vvs.runtime.mar_pipeline import MARPipeline
+
+        return MARPipeline(engines, max_batch=max_batch)
+    from vvs.runtime.pipeline import Pipeline
+
+    return Pipeline(engines, max_batch=max_batch)
 
 
 def torch_tensor(values):
@@ -336,26 +415,31 @@ def bench_cmd(engine_dir, backend, device, modes, classes, num_images, seed, num
               tune, out, **decoding):
     from vvs.bench import load_instruments, machine, make_settings, parse_sweep, run_benchmark, write_results
     from vvs.engines import load_engines
-    from vvs.engines.manifest import MANIFEST, read_manifest
+    from vvs.engines.manifest import MANIFEST, is_mar, read_manifest
     from vvs.output import ensure_writable_dir
-    from vvs.runtime.pipeline import Pipeline
 
     manifest = read_manifest(Path(engine_dir))
+    mar = is_mar(manifest)
+    if mar and tune:
+        raise VVSError("option --tune: tunes draft trees of LlamaGen folders; for MAR folders compare --draft-steps "
+                       "with --sweep draft_steps=4,8,16")
     ensure_writable_dir(Path(out))
     if tune and not os.access(Path(engine_dir) / MANIFEST, os.W_OK):
         raise VVSError(f"option --tune: {Path(engine_dir) / MANIFEST} is not writable, so the tuned defaults could "
                        "not be saved; copy the folder somewhere writable")
     num_images = num_images or 16
     target = manifest["model"]["target"]
-    labels = resolve_classes(classes, manifest["model"].get("classes"), target["num_classes"], num_images)
+    labels = resolve_classes(classes, manifest["model"].get("classes"),
+                             target["class_num"] if mar else target["num_classes"], num_images)
     instruments = load_instruments(Path(engine_dir), manifest)
     if instruments is not None and num_images < 2:
         raise VVSError("option --num-images: the quality statistics (FID) need at least 2 images per seed set")
-    settings = make_settings(resolve_modes(modes, "ar,sd,lantern,vvs-uniform,vvs-dynamic".split(",")),
-                             parse_sweep(sweep))
+    mode_names = MAR_MODE_NAMES if mar else MODE_NAMES
+    default_modes = ["ar", "cspd"] if mar else "ar,sd,lantern,vvs-uniform,vvs-dynamic".split(",")
+    settings = make_settings(resolve_modes(modes, default_modes, mode_names), parse_sweep(sweep), mode_names)
+    overrides = family_overrides(decoding, mar)
     engines = load_engines(engine_dir, backend, device, threads)
-    overrides = {k: v for k, v in decoding.items() if v is not None}
-    pipe = Pipeline(engines, max_batch=batch_size)
+    pipe = make_pipeline(engines, batch_size)
     pipe.options = pipe.options_for(**overrides)
     labels = labels[:num_images]
     if tune:
@@ -395,6 +479,20 @@ def train_all(out, seed):
 
     weights = reproduce(Path(out), seed)
     click.echo(f"wrote {weights} (copy its files to vvs/weights/ to ship them); curves: {Path(out) / 'training_curves.png'}")
+
+
+@train_cmd.command("mar", help="Reproduce the shipped MAR pair (target and draft, continuous tokens) on the shipped "
+                               "VQ tokenizer's latents. Resumable.")
+@click.option("--out", type=click.Path(file_okay=False), default="runs/mar", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--vq", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The VQ tokenizer whose latents the pair models. Default: the shipped one.")
+def train_mar_cmd(out, seed, vq):
+    from vvs.models.bundle import shipped_path
+    from vvs.train.mar import reproduce_mar
+
+    weights = reproduce_mar(Path(out), Path(vq) if vq else shipped_path("vq"), seed)
+    click.echo(f"wrote {weights} (copy mar_*.safetensors and shipped_mar.json to vvs/weights/ to ship them)")
 
 
 @train_cmd.command("drafter", help="Train an EAGLE/LANTERN drafter for a target. --data is an .npz with "
@@ -474,11 +572,13 @@ def train_main():
 def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_replicas, target_ongoing_requests,
               max_batch, max_queue, max_images, gpus_per_replica, cpus_per_replica, host, port, address):
     from vvs.engines import check_device
-    from vvs.engines.manifest import read_manifest
+    from vvs.engines.manifest import is_mar, read_manifest
 
     check_device(device)
     folder = Path(engine_dir).resolve()  # replicas run in other working directories
-    read_manifest(folder)
+    if is_mar(read_manifest(folder)):
+        raise VVSError(f"{engine_dir}: holds a MAR model; vvs-serve serves LlamaGen folders so far (run MAR folders "
+                       "with vvs-run, vvs-bench or vvs.runtime.mar_pipeline.MARPipeline)")
     if min_replicas is not None and max_replicas is None:
         raise click.UsageError("--min-replicas needs --max-replicas (autoscaling)")
     autoscaling = None

@@ -156,7 +156,7 @@ class RunWriter:
 
     def finish(self, backend: str) -> None:
         rows = [f"{'mode':8} {'images':>6} {'TPF':>6} {'target fwd/img':>15} {'skipped/img':>12} "
-                f"{'accept len':>10} {'s/img':>8}"]
+                f"{'accept len':>10} {'accepted':>9} {'s/img':>8}"]
         summary = {}
         for mode, stats in self.by_mode.items():
             agg = aggregate(stats)
@@ -164,6 +164,7 @@ class RunWriter:
             n = agg["images"]
             rows.append(f"{mode:8} {n:6d} {agg['tokens_per_target_forward']:6.2f} {agg['target_forwards'] / n:15.1f} "
                         f"{agg['skipped_verifications'] / n:12.1f} {agg['mean_accept_length']:10.2f} "
+                        f"{'-' if agg['acceptance_rate'] is None else format(agg['acceptance_rate'], '.1%'):>9} "
                         f"{agg['seconds_per_image']:8.3f}")
         print("\n".join(rows))
         print(f"backend {backend}; images and grids in {self.out}/"

@@ -70,9 +70,11 @@ def feature_stats(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Instruments:
     """All three measures for a batch of generated images (and their tokens)."""
 
-    def __init__(self, classifier: PhotoClassifier, target):
+    def __init__(self, classifier: PhotoClassifier, target=None):
+        """``target``: the LlamaGen GPT whose NLL scores the tokens; None for models without token likelihoods
+        (MAR), which then get accuracy and FID only."""
         self.classifier = classifier.eval()
-        self.target = target.eval()
+        self.target = target.eval() if target is not None else None
 
     @torch.no_grad()
     def evaluate(self, images: torch.Tensor, tokens: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
@@ -85,8 +87,10 @@ class Instruments:
             preds.append(self.classifier.head(f).argmax(-1))
         feats, preds = torch.cat(feats), torch.cat(preds)
         mu, cov = feature_stats(feats)
-        return {
+        result = {
             "class_accuracy": float((preds == labels).float().mean()),
             "domain_fid": frechet_distance(mu, cov, self.classifier.feature_mean, self.classifier.feature_cov),
-            "nll": float(sequence_nll(self.target, labels, tokens).mean()),
         }
+        if self.target is not None:
+            result["nll"] = float(sequence_nll(self.target, labels, tokens).mean())
+        return result

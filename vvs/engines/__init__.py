@@ -18,6 +18,12 @@ def load_engines(folder: str | Path, backend: str = "auto", device: str | None =
     if backend not in BACKENDS:
         raise VVSError(f"option backend={backend!r}: choose one of {', '.join(BACKENDS)}")
     check_device(device)
+    from vvs.engines.manifest import is_mar, read_manifest
+
+    if is_mar(read_manifest(Path(folder))):
+        from vvs.engines.mar import load_mar_folder
+
+        return load_mar_folder(folder, "onnxruntime" if backend == "auto" else backend, device, threads)
     if backend == "auto":
         from vvs.engines.tensorrt_backend import ready_flavour
 

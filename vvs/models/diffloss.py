@@ -105,7 +105,8 @@ class DiffLoss(nn.Module):
         t = torch.randint(0, TRAIN_STEPS, (len(target),), generator=gen).to(target.device)
         noise = torch.randn(target.shape, generator=gen).to(target)
         xt = s.noised(target, t, noise)
-        eps, var_values = self.net(xt, t, z).chunk(2, dim=-1)
+        out = self.net(xt, t, z)
+        eps, var_values = out[:, : self.in_channels], out[:, self.in_channels :]
         mse = ((eps - noise) ** 2).mean(-1)
         mean, log_var = s.gaussian(eps.detach(), var_values, xt, t)
         true_mean, true_log_var = s.posterior(target, xt, t)
@@ -117,13 +118,14 @@ class DiffLoss(nn.Module):
     def step(self, x, i: int, z_cond, z_uncond=None, cfg=None):
         """The Gaussian of ``x_{i-1} | x_i`` (mean, log-variance). With ``z_uncond`` and ``cfg [N]``: classifier-free
         guidance on epsilon, the conditional half's variance (as MAR's ``forward_with_cfg``)."""
-        s = self.sample_schedule
-        t = s.timesteps[i].to(x.device).expand(len(x))
+        s, n, c = self.sample_schedule, x.shape[0], self.in_channels
+        t = torch.full_like(x[:, 0], float(s.timesteps[i]))  # the network sees the original timestep
         if z_uncond is None:
-            eps, var_values = self.net(x, t, z_cond).chunk(2, dim=-1)
+            out = self.net(x, t, z_cond)
+            eps, var_values = out[:, :c], out[:, c:]
         else:
             out = self.net(torch.cat([x, x]), torch.cat([t, t]), torch.cat([z_cond, z_uncond]))
-            (eps_c, var_values), (eps_u, _) = (h.chunk(2, dim=-1) for h in out.chunk(2))
+            eps_c, eps_u, var_values = out[:n, :c], out[n:, :c], out[:n, c:]
             eps = eps_u + cfg[:, None] * (eps_c - eps_u)
         return s.gaussian(eps, var_values, x, i)
 

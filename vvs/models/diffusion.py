@@ -50,7 +50,7 @@ class Schedule:
         betas = 1.0 - alpha_bar / np.append(1.0, alpha_bar[:-1])
         prev = np.append(1.0, alpha_bar[:-1])
         post_var = betas * (1.0 - prev) / (1.0 - alpha_bar)
-        self.timesteps = torch.tensor(timesteps)
+        self.timesteps = timesteps
         self.num_steps = len(timesteps)
 
         def t64(a):

@@ -171,7 +171,8 @@ class MAR(nn.Module):
         x = self.z_proj(tokens)
         x = torch.cat([self.class_embedding(labels)[:, None].expand(-1, c.buffer_size, -1), x], 1)
         x = self.z_proj_ln(x + self.encoder_pos_embed_learned)
-        key_mask = known[:, None, None, :]  # unknown tokens are never attended to
+        n = known.shape[1]
+        key_mask = known[:, None, None, :].expand(b, 1, n, n)  # unknown tokens are never attended to
         for block in self.encoder_blocks:
             x = block(x, key_mask)
         x = self.decoder_embed(self.encoder_norm(x))

@@ -197,6 +197,7 @@ class DecodeOptions(_Updatable):
 
 
 MAR_MODES = ("ar", "cspd")
+MAR_MODE_NAMES = {mode: {"mode": mode} for mode in MAR_MODES}
 CFG_SCHEDULES = ("linear", "constant")
 
 
