@@ -109,6 +109,8 @@ def test_options_are_checked(pipe):
         pipe.generate([0], mode="vvs")
     with pytest.raises(OptionsError, match="temperature=0.0: must be > 0"):
         pipe.generate([0], temperature=0.0)
+    with pytest.raises(OptionsError, match="accept_temperature=0.5: must be >= 1"):
+        pipe.generate([0], accept_temperature=0.5)
     with pytest.raises(OptionsError, match="class id 4 is out of range"):
         pipe.generate([4])
 

@@ -184,6 +184,8 @@ DECODING_FLAGS = {
     "--lantern-delta": ("lantern_delta", float, "LANTERN: total-variation budget δ."),
     "--num-iter": ("num_iter", int, "MAR: generation steps."),
     "--draft-steps": ("draft_steps", int, "MAR cspd: draft steps per verification."),
+    "--accept-temperature": ("accept_temperature", float, "MAR cspd: 1 = exact acceptance; above 1 tempers the "
+                                                         "density ratio (lossy; the official release uses 42)."),
 }
 FLAG_OF = {field: flag for flag, (field, _, _) in DECODING_FLAGS.items()}
 

@@ -28,9 +28,13 @@ def log_density(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch
     return (-0.5 * ((x - mean) / std) ** 2 - torch.log(std) - 0.5 * LOG_2PI).sum(-1)
 
 
-def accept(x, mean_q, std_q, mean_p, std_p, uniform: torch.Tensor) -> torch.Tensor:
-    """``[N]`` True where the drafted ``x [N, C]`` is kept: ``log u < log p(x) - log q(x)``."""
-    return torch.log(uniform.double()) < log_density(x, mean_p, std_p) - log_density(x, mean_q, std_q)
+def accept(x, mean_q, std_q, mean_p, std_p, uniform: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``[N]`` True where the drafted ``x [N, C]`` is kept: ``log u < (log p(x) - log q(x)) / temperature^2``.
+
+    ``temperature`` 1 is the exact test. Above 1 the ratio is tempered towards 1 and more drafts are kept, at the
+    price of exactness (the official release tempers with 42, inside the exponent)."""
+    log_ratio = log_density(x, mean_p, std_p) - log_density(x, mean_q, std_q)
+    return torch.log(uniform.double()) < log_ratio / temperature ** 2
 
 
 class Residual(NamedTuple):

@@ -145,7 +145,7 @@ class MARDecoder:
         n, k, C = mean_q.shape
         x = self.tokens.gather(1, positions[..., None].expand(n, k, C))
         uniforms = self.random.uniform(k).to(self.device)
-        kept = accept(x, mean_q, std_q, mean_p, std_p, uniforms)
+        kept = accept(x, mean_q, std_q, mean_p, std_p, uniforms, self.opts.accept_temperature)
         tries = self.opts.max_residual_tries
         for i, s in enumerate(self.stats):
             rejected = (~kept[i]).nonzero().flatten()
