@@ -63,19 +63,23 @@ def main():
     schedule = model.diffloss.sample_schedule
     work = Path(args.work)
     loop_spec = mar_graph_specs(cfg, cfg, bundle.image_size)["target_head"]
-    export_graph(HeadGraph(model).eval(), loop_spec, work / "loop.onnx", 2, 0)
-    export_graph(NetGraph(model.diffloss).eval(), net_spec(d, c), work / "step.onnx", 2, 0)
+    for name, module, spec in (("loop", HeadGraph(model), loop_spec), ("step", NetGraph(model.diffloss),
+                                                                        net_spec(d, c))):
+        if not (work / f"{name}.onnx").is_file():  # the unrolled sampler takes minutes to export
+            start = time.perf_counter()
+            export_graph(module.eval(), spec, work / f"{name}.onnx", 2, 0)
+            print(f"exported {name}.onnx in {time.perf_counter() - start:.0f} s")
     cpu = torch.device("cpu")
     loop = open_session(work / "loop.onnx", loop_spec, cpu, args.threads)
     step = open_session(work / "step.onnx", net_spec(d, c), cpu, args.threads)
 
-    def by_steps(z_cond, z_uncond, guidance, temperature, noise, step_noise):
+    def by_steps(z_cond, z_uncond, cfg, temperature, noise, step_noise):
         x = noise
         for k in range(schedule.num_steps):
             i = schedule.num_steps - 1 - k
             t = torch.full((len(x),), float(schedule.timesteps[i]))
-            out = step.run(x=x, t=t, z_cond=z_cond, z_uncond=z_uncond, cfg=guidance)
-            mean, log_var = schedule.gaussian(out["eps"], out["var_values"], x, i)
+            out = step.run(x=x, t=t, z_cond=z_cond, z_uncond=z_uncond, cfg=cfg)
+            mean, log_var = schedule.gaussian(out["eps"], out["var_values"], x, i, model.diffloss.clip)
             std = torch.exp(0.5 * log_var) * temperature[:, None]
             x = mean + std * step_noise[:, k]
         return x

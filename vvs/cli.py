@@ -407,7 +407,8 @@ def run_main():
 @click.option("--batch-size", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Images decoded together (1 = latency).")
 @click.option("--sweep", multiple=True, help="KEY=V1,V2 (skip_interval, sim_threshold, delta, lantern_k, tree_size, "
-                                             "depth, draft_top_k); repeatable, one key at a time.")
+                                             "depth, draft_top_k; MAR: num_iter, draft_steps, accept_temperature); "
+                                             "repeatable, one key at a time.")
 @with_decoding_options
 @click.option("--threads", type=click.IntRange(1, 1024), default=None, help="CPU threads for the backend.")
 @click.option("--tune", is_flag=True, help="Tune tree and skip interval for this machine and save them as defaults.")

@@ -91,9 +91,10 @@ class SimpleMLPAdaLN(nn.Module):
 class DiffLoss(nn.Module):
     """The head and its two diffusion processes: 1000 steps for training, ``num_sampling_steps`` for sampling."""
 
-    def __init__(self, target_channels: int, z_channels: int, depth: int, width: int, num_sampling_steps: str):
+    def __init__(self, target_channels: int, z_channels: int, depth: int, width: int, num_sampling_steps: str,
+                 clip: float = 0.0):
         super().__init__()
-        self.in_channels = target_channels
+        self.in_channels, self.clip = target_channels, clip
         self.net = SimpleMLPAdaLN(target_channels, width, target_channels * 2, z_channels, depth)
         self.train_schedule = Schedule()
         self.sample_schedule = Schedule.sampling(num_sampling_steps)
@@ -127,7 +128,7 @@ class DiffLoss(nn.Module):
             out = self.net(torch.cat([x, x]), torch.cat([t, t]), torch.cat([z_cond, z_uncond]))
             eps_c, eps_u, var_values = out[:n, :c], out[n:, :c], out[:n, c:]
             eps = eps_u + cfg[:, None] * (eps_c - eps_u)
-        return s.gaussian(eps, var_values, x, i)
+        return s.gaussian(eps, var_values, x, i, self.clip)
 
     def sample(self, noise, step_noise, temperature, z_cond, z_uncond=None, cfg=None):
         """Denoise ``noise [N, C]`` with ``step_noise [N, S, C]`` (column k drives the k-th of the S steps, the last

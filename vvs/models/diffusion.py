@@ -76,10 +76,12 @@ class Schedule:
         value = table.to(device=like.device)[i].to(like.dtype)
         return value if value.dim() == 0 else value[:, None]
 
-    def gaussian(self, eps: torch.Tensor, var_values: torch.Tensor, x: torch.Tensor, i):
+    def gaussian(self, eps: torch.Tensor, var_values: torch.Tensor, x: torch.Tensor, i, clip: float = 0.0):
         """The mean and log-variance of ``x_{i-1} | x_i`` from the network's outputs (epsilon, variance values in
-        [-1, 1])."""
+        [-1, 1]). ``clip`` > 0 clamps the implied ``x_0`` to ``[-clip, clip]`` (DDPM's ``clip_denoised``)."""
         x0 = self.at(self.sqrt_recip_alpha_bar, i, x) * x - self.at(self.sqrt_recipm1_alpha_bar, i, x) * eps
+        if clip > 0:
+            x0 = x0.clamp(-clip, clip)
         mean = self.at(self.coef_x0, i, x) * x0 + self.at(self.coef_xt, i, x) * x
         frac = (var_values + 1) / 2
         log_var = frac * self.at(self.max_log, i, x) + (1 - frac) * self.at(self.min_log, i, x)

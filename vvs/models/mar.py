@@ -40,6 +40,10 @@ class MARConfig:
     diffloss_d: int = 3
     diffloss_w: int = 1024
     num_sampling_steps: str = "100"
+    # sampling only: clamp the head's implied clean latent to [-clip, clip] (0: MAR's unclipped sampler). The first
+    # step of the cosine schedule multiplies epsilon's error by 1/sqrt(alpha_bar) ~ 2e4; a small, briefly trained
+    # head is not precise enough there, and its samples blow up without this bound.
+    diffloss_clip: float = 0.0
     label_drop_prob: float = 0.1
     mask_ratio_min: float = 0.7
     diffusion_batch_mul: int = 4
@@ -72,13 +76,16 @@ MAR_SIZES: dict[str, dict] = {
     "mar_huge": dict(encoder_embed_dim=1280, encoder_depth=20, encoder_num_heads=16, decoder_embed_dim=1280,
                      decoder_depth=20, decoder_num_heads=16, diffloss_d=12, diffloss_w=1536),
     # the shipped pair: 128 px images in the shipped VQ tokenizer's 16 x 16 grid of 8-dim latents (trained on two
-    # CPU cores: one noise draw per token instead of MAR's four)
+    # CPU cores: one noise draw per token instead of MAR's four). Its latents are l2-normalised vectors times 2.85,
+    # so every component lies in [-2.85, 2.85]: the sampler clamps to 3.
     "MAR-vvs-S": dict(img_size=128, vae_stride=8, vae_embed_dim=8, encoder_embed_dim=192, encoder_depth=3,
                       encoder_num_heads=6, decoder_embed_dim=192, decoder_depth=3, decoder_num_heads=6, class_num=16,
-                      buffer_size=16, diffloss_d=3, diffloss_w=256, num_sampling_steps="50", diffusion_batch_mul=1),
+                      buffer_size=16, diffloss_d=3, diffloss_w=256, num_sampling_steps="50", diffusion_batch_mul=1,
+                      diffloss_clip=3.0),
     "MAR-vvs-XS": dict(img_size=128, vae_stride=8, vae_embed_dim=8, encoder_embed_dim=128, encoder_depth=1,
                        encoder_num_heads=4, decoder_embed_dim=128, decoder_depth=1, decoder_num_heads=4, class_num=16,
-                       buffer_size=16, diffloss_d=2, diffloss_w=128, num_sampling_steps="50", diffusion_batch_mul=1),
+                       buffer_size=16, diffloss_d=2, diffloss_w=128, num_sampling_steps="50", diffusion_batch_mul=1,
+                       diffloss_clip=3.0),
 }
 
 
@@ -146,7 +153,8 @@ class MAR(nn.Module):
         self.decoder_norm = nn.LayerNorm(d, eps=1e-6)
         self.diffusion_pos_embed_learned = nn.Parameter(torch.zeros(1, c.seq_len, d))
         self._init_weights()
-        self.diffloss = DiffLoss(c.token_embed_dim, d, c.diffloss_d, c.diffloss_w, c.num_sampling_steps)
+        self.diffloss = DiffLoss(c.token_embed_dim, d, c.diffloss_d, c.diffloss_w, c.num_sampling_steps,
+                                 c.diffloss_clip)
 
     def _init_weights(self):
         for p in (self.class_emb.weight, self.fake_latent, self.mask_token, self.encoder_pos_embed_learned,

@@ -95,6 +95,7 @@ def reproduce_mar(out_dir: Path, vq_path: Path, seed: int = 0) -> Path:
 
     from safetensors.torch import load_file, save_file
 
+    from vvs.engines.manifest import sha256
     from vvs.models.loading import load_mar, load_vq, save_model
     from vvs.train.classifier import real_crops
     from vvs.train.tokenizer import IMAGE_SIZE, psnr
@@ -138,8 +139,8 @@ def reproduce_mar(out_dir: Path, vq_path: Path, seed: int = 0) -> Path:
         save_file({k: v.half().contiguous() for k, v in model.state_dict().items()}, tmp,
                   metadata={"vvs_kind": "mar", "vvs_config": json.dumps(model.config.to_dict())})
         os.replace(tmp, path)
-        files[role] = {"file": path.name, "bytes": path.stat().st_size, "config": model.config.to_dict(),
-                       "metrics": metrics[role]}
+        files[role] = {"file": path.name, "sha256": sha256(path), "bytes": path.stat().st_size,
+                       "config": model.config.to_dict(), "metrics": metrics[role]}
     info = {
         "description": "vvs's shipped MAR pair (continuous tokens): a target and a smaller draft MAR trained on CPU "
                        "on the shipped VQ tokenizer's l2-normalised pre-quantisation latents of the same photo crops.",
