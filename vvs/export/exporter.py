@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -56,11 +57,7 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
     vocab = bundle.target.config.vocab_size
     k_nn = min(neighbours or defaults.lantern_k, vocab - 1)
     out_dir = Path(out_dir).resolve()
-    check_out_dir(out_dir, force)
-    parent = out_dir.parent
-    remove_stale_work(parent, out_dir.name)
-    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.vvs-export-{os.getpid()}-", dir=parent))
-    try:
+    with folder_transaction(out_dir, force) as work:
         source = bundle  # what the torch backend will load (int8: the fp32 models plus the calibration)
         if PRECISIONS[precision] != torch.float32:
             bundle = copy.deepcopy(bundle)  # casting happens in place; leave the caller's models as they were
@@ -112,12 +109,28 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
             "graphs": entries,
             "tables": {"file": TABLES, "neighbours_per_code": k_nn},
             "decoding_defaults": defaults.to_dict(),
-            "versions": {"vvs": vvs.__version__, "torch": torch.__version__, "onnx": onnx.__version__,
-                         "onnxruntime": onnxruntime.__version__, "onnxscript": onnxscript.__version__,
-                         "numpy": np.__version__, "opset": OPSET, "exporter": "torch.onnx.export(dynamo=True)"},
+            "versions": tool_versions(),
             "files": {p.name: file_record(p) for p in files},
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def tool_versions() -> dict:
+    return {"vvs": vvs.__version__, "torch": torch.__version__, "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__, "onnxscript": onnxscript.__version__,
+            "numpy": np.__version__, "opset": OPSET, "exporter": "torch.onnx.export(dynamo=True)"}
+
+
+@contextmanager
+def folder_transaction(out_dir: Path, force: bool):
+    """A temporary folder beside ``out_dir`` to write an engine folder into; swapped into place when the block
+    ends, removed (and ``out_dir`` left as it was) when it raises."""
+    check_out_dir(out_dir, force)
+    remove_stale_work(out_dir.parent, out_dir.name)
+    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.vvs-export-{os.getpid()}-", dir=out_dir.parent))
+    try:
+        yield work
         _replace_dir(work, out_dir)
     except OSError as err:  # a full disk, a folder that vanished: nothing was replaced
         shutil.rmtree(work, ignore_errors=True)
@@ -126,7 +139,6 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    return manifest
 
 
 def check_out_dir(out_dir: Path, force: bool) -> None:

@@ -6,25 +6,17 @@ renamed into place, every file in the manifest with its sha256, the torch weight
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
-import numpy as np
 import onnx
-import onnxruntime
-import onnxscript
 import torch
 from tqdm import tqdm
 
-import vvs
 from vvs.engines.manifest import FORMAT, MANIFEST, file_record
 from vvs.engines.mar import TORCH_WEIGHTS, check_pair
-from vvs.errors import VVSError
-from vvs.export.exporter import _replace_dir, check_out_dir, remove_stale_work
+from vvs.export.exporter import folder_transaction, tool_versions
 from vvs.export.mar_graphs import build_mar_graphs, mar_graph_specs
-from vvs.export.onnx_export import OPSET, export_graph
+from vvs.export.onnx_export import export_graph
 from vvs.models.latents import KLLatents
 from vvs.models.loading import save_model
 from vvs.models.mar import MAR
@@ -45,10 +37,7 @@ def export_mar_folder(target: MAR, draft: MAR, tokenizer: torch.nn.Module, out_d
     defaults = MAROptions().updated(**(decoding_defaults or {}))
     defaults.check_model(target.config.seq_len)
     out_dir = Path(out_dir).resolve()
-    check_out_dir(out_dir, force)
-    remove_stale_work(out_dir.parent, out_dir.name)
-    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.vvs-export-{os.getpid()}-", dir=out_dir.parent))
-    try:
+    with folder_transaction(out_dir, force) as work:
         specs = mar_graph_specs(target.config, draft.config, image_size)
         modules = build_mar_graphs(target.float(), draft.float(), tokenizer.float())
         files, entries = [], {}
@@ -70,18 +59,8 @@ def export_mar_folder(target: MAR, draft: MAR, tokenizer: torch.nn.Module, out_d
             "precision": "fp32",
             "graphs": entries,
             "decoding_defaults": defaults.to_dict(),
-            "versions": {"vvs": vvs.__version__, "torch": torch.__version__, "onnx": onnx.__version__,
-                         "onnxruntime": onnxruntime.__version__, "onnxscript": onnxscript.__version__,
-                         "numpy": np.__version__, "opset": OPSET, "exporter": "torch.onnx.export(dynamo=True)"},
+            "versions": tool_versions(),
             "files": {p.name: file_record(p) for p in files},
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        _replace_dir(work, out_dir)
-    except OSError as err:
-        shutil.rmtree(work, ignore_errors=True)
-        raise VVSError(f"{out_dir}: export failed while writing ({err.strerror or err}); the folder was left as it "
-                       "was") from None
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return manifest

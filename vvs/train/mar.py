@@ -16,6 +16,7 @@ from vvs.models.mar import MAR, mar_config, patchify
 from vvs.models.vq import VQModel
 from vvs.train.data import balanced_labels, load_photos, random_crops
 from vvs.train.loop import Schedule, train
+from vvs.train.shipped import HELDOUT_SEED, TRAIN_CROPS  # the same crops as the shipped LlamaGen model
 
 
 @torch.no_grad()
@@ -79,8 +80,6 @@ def heldout_loss(model: MAR, labels: torch.Tensor, tokens: torch.Tensor, seed: i
     return sum(losses) / len(losses)
 
 
-TRAIN_CROPS = 5120
-HELDOUT_SEED = 1000
 STEPS = {"target": 1200, "draft": 1500}
 SIZES = {"target": "MAR-vvs-S", "draft": "MAR-vvs-XS"}
 # MAR's sampler settings for a 256-token image; the shipped model has 16 classes, guidance as MAR-B's 2.9 (linear)
