@@ -10,20 +10,24 @@ from vvs.runtime.tree import select_tree
 
 
 class ReferenceDrafter:
-    def __init__(self, step, layout, kv, stable_capacity: int, depth: int, top_k: int, max_position: int):
-        """``step``: a ``DrafterStep`` module; ``kv``: zeroed ``[layers, 2, rows, heads, stable + depth * k, hd]``
-        where ``stable`` counts the runtime cache's slots (its spare slot included)."""
-        self.step, self.layout = step, layout
+    def __init__(self, step, propose, layout, kv, stable_capacity: int, depth: int, top_k: int, max_position: int):
+        """``step``, ``propose``: ``DrafterStep`` and ``Proposer`` modules; ``kv``: zeroed
+        ``[layers, 2, rows, heads, stable + depth * k, hd]`` where ``stable`` counts the runtime cache's slots (its
+        spare slot included)."""
+        self.step, self.propose, self.layout = step, propose, layout
         self.max_position, self.depth, self.k = max_position, depth, top_k
         self.scratch_start = stable_capacity
         self.cache = KVCache(layout, kv)
 
     def _call(self, g, position_ids, features, input_ids, attn_mask):
         with torch.inference_mode():
-            hidden, new_kv, logp, ids = self.step(features, input_ids, position_ids.clamp(max=self.max_position),
-                                                  attn_mask, self.cache.kv, g["cfg_mix"], g["temperature"],
-                                                  g["top_k"], g["top_p"])
-        return {"hidden": hidden, "new_kv": new_kv, "topk_logp": logp, "topk_ids": ids}
+            hidden, new_kv = self.step(features, input_ids, position_ids.clamp(max=self.max_position), attn_mask,
+                                       self.cache.kv)
+        return {"hidden": hidden, "new_kv": new_kv}
+
+    def _propose(self, g, hidden):
+        with torch.inference_mode():
+            return self.propose(hidden, g["cfg_mix"], g["temperature"], g["top_k"], g["top_p"])
 
     def extend(self, tokens, features, positions, count, g):
         n, m = tokens.shape
@@ -34,8 +38,8 @@ class ReferenceDrafter:
         self.cache.commit(out["new_kv"], torch.arange(m).expand(n, m), count)
         last = count - 1
         hidden = out["hidden"][torch.arange(self.layout.rows), self.layout.expand(last)]
-        img = torch.arange(n)
-        return hidden, out["topk_logp"][img, last], out["topk_ids"][img, last]
+        logp, ids = self._propose(g, hidden[:, None])
+        return hidden, logp[:, 0], ids[:, 0]
 
     def grow(self, root, root_position, first, tree_size: int, g):
         hidden, logp, ids = first
@@ -60,8 +64,9 @@ class ReferenceDrafter:
                              mask)
             slots = self.scratch_start + (level - 1) * k + torch.arange(k)
             self.cache.kv[:, :, :, :, slots] = out["new_kv"].to(self.cache.kv.dtype)
-            child_scores = (frontier_scores[:, :, None] + out["topk_logp"][:, :, :k].float()).reshape(n, k * k)
-            child_tokens = out["topk_ids"][:, :, :k].reshape(n, k * k)
+            logp, ids = self._propose(g, out["hidden"])
+            child_scores = (frontier_scores[:, :, None] + logp[:, :, :k].float()).reshape(n, k * k)
+            child_tokens = ids[:, :, :k].reshape(n, k * k)
             pool_tokens.append(child_tokens)
             pool_scores.append(child_scores)
             pool_parent.append(frontier_pool.repeat_interleave(k, dim=1))

@@ -8,7 +8,7 @@ import torch
 from conftest import SMALL
 from reference_tree import ReferenceDrafter
 from vvs.engines.torch_backend import torch_engines
-from vvs.export.graphs import DrafterStep
+from vvs.export.graphs import DrafterStep, Proposer
 from vvs.runtime.cache import KVCache, RowLayout
 from vvs.runtime.decode import Decoding, Speculation, start
 from vvs.runtime.options import DecodeOptions, TreeShape
@@ -40,7 +40,8 @@ def test_fused_tree_equals_per_level_drafter_calls(bundle_factory, tree, images,
     graph_inputs = dict(cfg_mix=cfg_matrix(images, scale), **Processor(*processor).graph_inputs())
     capacity = KVCache.slots(30)
     shape = (drafter.config.num_hidden_layers, 2, layout.rows, cfg.n_head)
-    reference = ReferenceDrafter(DrafterStep(drafter, copy.deepcopy(target.output), tree.draft_top_k).eval(), layout,
+    reference = ReferenceDrafter(DrafterStep(drafter).eval(), Proposer(copy.deepcopy(target.output), tree.draft_top_k).eval(),
+                                 layout,
                                  torch.zeros(*shape, capacity + tree.depth * tree.draft_top_k, cfg.head_dim),
                                  capacity, tree.depth, tree.draft_top_k, cfg.max_positions - 1)
     fused = TreeDrafter(engines.draft_tree(tree), layout, torch.zeros(*shape, capacity, cfg.head_dim), tree.depth + 1)

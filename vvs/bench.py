@@ -170,7 +170,7 @@ def markdown_table(results: dict) -> str:
     modes = results["modes"]
     quality = [k for k in ("class_accuracy", "domain_fid", "nll") if k in modes["ar"]]
     head = ["setting", "TPF", "target fwd/img", "skipped/img", "accept len", "s/img (median [min-max])",
-            "speed-up vs ar", "draft/verify s/img"]
+            "speed-up vs ar", "draft/verify/runtime s/img"]
     head += [{"class_accuracy": "class acc", "domain_fid": "domain FID", "nll": "NLL"}[k] for k in quality]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, e in modes.items():
@@ -180,10 +180,12 @@ def markdown_table(results: dict) -> str:
         cells = [label, f"{e['tokens_per_target_forward']:.2f}", f"{e['target_forwards_per_image']:.1f}",
                  f"{e['skipped_verifications_per_image']:.1f}", accepted,
                  f"{s['median']:.3f} [{s['min']:.3f}-{s['max']:.3f}]", f"{e['speedup_vs_ar']:.2f}x",
-                 f"{e['draft_seconds_per_image']:.3f}/{e['verify_seconds_per_image']:.3f}"]
+                 f"{e['draft_seconds_per_image']:.3f}/{e['verify_seconds_per_image']:.3f}/"
+                 f"{e['other_seconds_per_image']:.3f}"]
         cells += [f"{e[k]['median']:.3f} [{e[k]['min']:.3f}-{e[k]['max']:.3f}]" for k in quality]
         rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows) + "\n"
+    note = f"\n{results['scale']}\n" if results.get("scale") else ""
+    return "\n".join(rows) + "\n" + note
 
 
 def pareto_plot(results: dict, path: Path) -> None:

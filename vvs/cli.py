@@ -412,17 +412,26 @@ def run_main():
 @with_decoding_options
 @click.option("--threads", type=click.IntRange(1, 1024), default=None, help="CPU threads for the backend.")
 @click.option("--tune", is_flag=True, help="Tune tree and skip interval for this machine and save them as defaults.")
+@click.option("--scale", default=None, metavar="SIZE",
+              help="Measure at an official size's compute cost (GPT-B, GPT-L, GPT-XL, ...): the folder's target and "
+                   "drafter are inflated to SIZE, computing the same tokens, and exported once to "
+                   "<engine>-scale/SIZE; acceptance stays the folder's pair's, the code vocabulary its own.")
 @click.option("--out", type=click.Path(file_okay=False), default="bench-results", show_default=True,
               help="Folder for results.json, table.md, pareto.png and sample grids.")
 def bench_cmd(engine_dir, backend, device, modes, classes, num_images, seed, num_seeds, batch_size, sweep, threads,
-              tune, out, **decoding):
+              tune, scale, out, **decoding):
     from vvs.bench import load_instruments, machine, make_settings, parse_sweep, run_benchmark, write_results
     from vvs.engines import load_engines
     from vvs.engines.manifest import MANIFEST, is_mar, read_manifest
     from vvs.output import ensure_writable_dir
+    from vvs.scale import OFFICIAL_SIZES, describe, scale_folder
 
     manifest = read_manifest(Path(engine_dir))
     mar = is_mar(manifest)
+    if scale is not None and (tune or mar or scale not in OFFICIAL_SIZES):
+        raise VVSError(f"option --scale {scale!r}: " + (
+            "tune on the folder itself (--tune), then measure the tuned defaults with --scale" if tune else
+            "inflates LlamaGen folders; this is a MAR folder" if mar else f"choose one of {', '.join(OFFICIAL_SIZES)}"))
     if mar and tune:
         raise VVSError("option --tune: tunes draft trees of LlamaGen folders; for MAR folders compare --draft-steps "
                        "with --sweep draft_steps=4,8,16")
@@ -434,7 +443,11 @@ def bench_cmd(engine_dir, backend, device, modes, classes, num_images, seed, num
     target = manifest["model"]["target"]
     labels = resolve_classes(classes, manifest["model"].get("classes"),
                              target["class_num"] if mar else target["num_classes"], num_images)
-    instruments = load_instruments(Path(engine_dir), manifest)
+    instruments = load_instruments(Path(engine_dir), manifest)  # an inflated pair's quality is its source's
+    if scale is not None:
+        ensure_writable_dir(Path(engine_dir).parent)
+        engine_dir = scale_folder(Path(engine_dir), scale)
+        click.echo(describe(read_manifest(engine_dir)))
     if instruments is not None and num_images < 2:
         raise VVSError("option --num-images: the quality statistics (FID) need at least 2 images per seed set")
     mode_names = MAR_MODE_NAMES if mar else MODE_NAMES
@@ -456,7 +469,7 @@ def bench_cmd(engine_dir, backend, device, modes, classes, num_images, seed, num
     results, samples = run_benchmark(pipe, settings, labels, num_seeds, batch_size, instruments, base_seed=seed)
     results.update({"engine": str(engine_dir), "backend": engines.backend, "machine": machine(),
                     "num_images": num_images, "seed": seed, "num_seeds": num_seeds, "batch_size": batch_size,
-                    "defaults": pipe.options.to_dict()})
+                    "defaults": pipe.options.to_dict(), "scale": describe(read_manifest(Path(engine_dir)))})
     write_results(results, Path(out), samples)
     from vvs.bench import markdown_table
 

@@ -36,7 +36,7 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
     specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, tree, act)
 
     def tree_loader(shape: TreeShape) -> TorchEngine:  # any shape: the module shares the drafter's weights
-        module = DraftTreeGraph(bundle.drafter, graphs["draft_tree"].step.head, shape,
+        module = DraftTreeGraph(bundle.drafter, graphs["draft_tree"].propose.head, shape,
                                 bundle.target.config.max_positions - 1).eval()
         return TorchEngine(module, draft_tree_spec(bundle.target.config, bundle.drafter.config, shape, act))
 

@@ -14,7 +14,7 @@ from vvs.models.gpt import GPT
 from vvs.models.vq import VQModel
 from vvs.runtime.cache import causal_within
 from vvs.runtime.options import TreeShape
-from vvs.runtime.sampling import filter_logits, mix
+from vvs.runtime.sampling import mix
 from vvs.runtime.tree import select_tree
 
 
@@ -45,21 +45,43 @@ class TargetVerify(nn.Module):
 
 
 class DrafterStep(nn.Module):
-    """Drafter forward with explicit features, then the target's head, guidance, the logits processor and top-k:
-    only ``top_k`` log-probabilities per node come out. One level of :class:`DraftTreeGraph`."""
+    """One drafter forward with explicit features: hidden states and the new keys/values. No head: only the nodes a
+    tree expands need logits (:class:`Proposer`)."""
 
-    def __init__(self, drafter: Drafter, head: nn.Linear, top_k: int):
+    def __init__(self, drafter: Drafter):
         super().__init__()
         self.drafter = drafter
+
+    def forward(self, features, input_ids, position_ids, attn_mask, past_kv):
+        out = self.drafter(features, input_ids, position_ids, attn_mask, past_kv)
+        return out.hidden, out.new_kv
+
+
+class Proposer(nn.Module):
+    """The ``top_k`` children a node proposes, with their log-probabilities, from the drafter's hidden state.
+
+    At official vocabularies (16,384 codes) the target's head is the largest matrix a drafter call reads, so it is
+    applied once per expanded node and nowhere else: guidance is linear, so the guided rows' hidden states are mixed
+    before the head rather than their logits after it, and nothing sorts the vocabulary. Candidates are the top-k of
+    the tempered logits, scored by log-probability under the tempered distribution (normalised by a log-sum-exp over
+    the vocabulary); the sampling filters only remove candidates — top-k by rank, top-p by the mass of the candidates
+    ranked above, both known from the top-k alone — so a draft the target's filter would refuse is never proposed."""
+
+    def __init__(self, head: nn.Linear, top_k: int):
+        super().__init__()
         self.head = head
         self.top_k = top_k
 
-    def forward(self, features, input_ids, position_ids, attn_mask, past_kv, cfg_mix, temperature, top_k, top_p):
-        out = self.drafter(features, input_ids, position_ids, attn_mask, past_kv)
-        logits = mix(cfg_mix, self.head(out.hidden).float())
-        logp = torch.log_softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)
-        top = logp.topk(self.top_k, dim=-1)
-        return out.hidden, out.new_kv, top.values, top.indices
+    def forward(self, hidden, cfg_mix, temperature, top_k, top_p):
+        """``hidden [rows, j, D]`` -> ``(logp, ids)``, each ``[n, j, top_k]``, best first."""
+        mixed = mix(cfg_mix, hidden).to(self.head.weight.dtype)
+        logits = self.head(mixed).float() / temperature.clamp_min(1e-5)
+        top = logits.topk(self.top_k, dim=-1)
+        logp = top.values - torch.logsumexp(logits, dim=-1, keepdim=True)
+        rank = torch.arange(self.top_k, device=hidden.device)
+        mass = logp.exp()
+        kept = ((top_k <= 0) | (rank < top_k)) & (((mass.cumsum(-1) - mass) < top_p) | (top_p >= 1.0))
+        return torch.where(kept, logp, float("-inf")), top.indices
 
 
 class DraftTreeGraph(nn.Module):
@@ -77,7 +99,8 @@ class DraftTreeGraph(nn.Module):
 
     def __init__(self, drafter: Drafter, head: nn.Linear, tree: TreeShape, max_position: int):
         super().__init__()
-        self.step = DrafterStep(drafter, head, tree.draft_top_k)
+        self.step = DrafterStep(drafter)
+        self.propose = Proposer(head, tree.draft_top_k)
         self.tree = tree
         self.max_position = max_position  # positions past the last image token only occur in discarded branches
 
@@ -96,16 +119,14 @@ class DraftTreeGraph(nn.Module):
         length, count = past_len.repeat(groups), new_count.repeat(groups)
         past = (slots < length[:, None])[:, None, :].expand(rows, m, -1)
         mask = torch.cat([past, causal_within(count, m)], -1)[:, None]
-        hidden, stable_kv, logp, ids = self.step(features, input_ids, position_ids.clamp(max=self.max_position),
-                                                 mask, kv, *processor)
+        hidden, stable_kv = self.step(features, input_ids, position_ids.clamp(max=self.max_position), mask, kv)
         src = slots[None, :] - length[:, None]  # committed in place: slot length + j holds new slot j
         take = (src >= 0) & (src < count[:, None])
         index = src.clamp(0, m - 1)[None, None, :, None, :, None].expand(*kv.shape[:4], -1, kv.shape[5])
         kv = torch.where(take[None, None, :, None, :, None], stable_kv.gather(4, index), kv)
         last = new_count - 1
-        img = torch.arange(n, device=dev)
         root_hidden = hidden[torch.arange(rows, device=dev), last.repeat(groups)]
-        logp, ids = logp[img, last], ids[img, last]
+        logp, ids = (t[:, 0] for t in self.propose(root_hidden[:, None], *processor))
 
         # 2. expansion levels
         stable_visible = (slots < (length + count)[:, None]) & (slots < stable)  # [rows, S]
@@ -122,9 +143,9 @@ class DraftTreeGraph(nn.Module):
             past = torch.cat([stable_visible[:, None, :stable].expand(rows, k, stable), frontier_anc.repeat(groups, 1, 1)],
                              -1)
             positions = (root_position + level).clamp(max=self.max_position)[:, None].expand(n, k)
-            hidden, new_kv, logp, ids = self.step(frontier_hidden, frontier_tokens.repeat(groups, 1),
-                                                  positions.repeat(groups, 1), torch.cat([past, eye], -1)[:, None],
-                                                  kv, *processor)
+            hidden, new_kv = self.step(frontier_hidden, frontier_tokens.repeat(groups, 1), positions.repeat(groups, 1),
+                                       torch.cat([past, eye], -1)[:, None], kv)
+            logp, ids = self.propose(hidden, *processor)
             at = stable + (level - 1) * k
             kv = torch.cat([kv[:, :, :, :, :at], new_kv, kv[:, :, :, :, at + k:]], 4)
             child_scores = (frontier_scores[:, :, None] + logp).reshape(n, k * k)

@@ -4,7 +4,8 @@ optionally relaxed by LANTERN's latent neighbourhoods.
 Sampling walks down from the root: at each node it tries the children in drafter order, accepting child ``x``
 with probability ``p(x)`` (+ LANTERN's extra mass) under the current, residual-updated target distribution
 ``p``; a rejection zeroes ``p(x)`` (and the neighbours whose mass was lent to it) and renormalises. When no
-child is accepted the next token is drawn from that residual. Drafts are deterministic top-k picks (q = 1),
+child is accepted the next token is drawn from that residual. LANTERN's relaxation changes the output
+distribution by design; without it this is exact. Drafts are deterministic top-k picks (q = 1),
 so without relaxation this is exact sampling from the target (EAGLE-2's multi-candidate rejection).
 """
 from __future__ import annotations
@@ -31,12 +32,12 @@ class Relaxation:
     neighbours: torch.Tensor
     delta: float
 
-    def lend(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mass that may move onto ``x``: the longest neighbour prefix with total ≤ δ (``δ > 1``: ≤ (δ-1)·p(x)).
-        Returns ``(extra [...], prefix_len [...])`` for ``p [..., V]`` and tokens ``x [...]``."""
-        nb = self.neighbours[x]
-        prefix = p.gather(-1, nb).cumsum(-1)
-        bound = (self.delta - 1) * p.gather(-1, x[..., None]) if self.delta > 1 else torch.full_like(prefix[..., :1], self.delta)
+    def extra(self, mass: torch.Tensor, px: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mass that may move onto a token ``x`` of probability ``px [...]``: the longest prefix of its neighbours'
+        probabilities ``mass [..., k]`` (nearest first) with total ≤ δ (``δ > 1``: ≤ (δ-1)·p(x)). Returns
+        ``(extra [...], lenders [...])``, the second counting the neighbours in that prefix."""
+        prefix = mass.cumsum(-1)
+        bound = (self.delta - 1) * px[..., None] if self.delta > 1 else torch.full_like(prefix[..., :1], self.delta)
         m = (prefix <= bound).sum(-1)
         extra = torch.where(m > 0, prefix.gather(-1, (m - 1).clamp(min=0)[..., None]).squeeze(-1), 0.0)
         return extra, m
@@ -48,15 +49,18 @@ def greedy_accept(tree: DraftTree, logits: torch.Tensor, relax: Relaxation | Non
     n, t = tree.tokens.shape
     img = torch.arange(n, device=logits.device)
     parent = tree.parent.clamp(min=0)
-    parent_logits = logits[img[:, None], parent]  # [n, T, V]
     x = tree.tokens
     if relax is None:
-        ok = parent_logits.argmax(-1) == x
+        ok = logits.argmax(-1).gather(1, parent) == x
     else:
-        p = torch.softmax(parent_logits.float(), dim=-1)
-        extra, _ = relax.lend(p, x)
-        px = p.gather(-1, x[..., None]).squeeze(-1)
-        others = p.scatter(-1, x[..., None], float("-inf")).amax(-1)
+        p = torch.softmax(logits.float(), dim=-1)
+        top2 = p.topk(2, dim=-1)  # the best token other than x: the first of the two that is not x
+        px = _at_parent(p, parent, x[..., None])[..., 0]
+        first, second = (top2.indices.gather(1, parent[..., None].expand(-1, -1, 2))).unbind(-1)
+        best_value, second_value = (top2.values.gather(1, parent[..., None].expand(-1, -1, 2))).unbind(-1)
+        others = torch.where(first == x, second_value, best_value)
+        nb = relax.neighbours[x]
+        extra, _ = relax.extra(_at_parent(p, parent, nb), px)
         ok = px + extra >= others
     ok[:, 0] = True
     # a node counts only if every node on its root path is accepted
@@ -74,39 +78,66 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None
     each image's uniforms, read by position — column 0 draws the bonus token, column ``1 + l * max_children + j``
     decides the j-th child tried at depth l — so an image consumes the same values whatever its batch holds.
 
-    Nodes are visited once each, in index order: that is depth by depth (the drafter proposes level after level)
-    and, among siblings, in drafter preference. A node is tried when its parent is where the walk stands, so the
-    walk needs no early exit (which would read the device) and costs one pass over the tree."""
-    n, t, _ = probs.shape
+    The walk (from the root, try the children in order until one is accepted, move there) is computed for every
+    node at once: the test a child faces depends only on its parent's distribution and on which of its earlier
+    siblings were rejected, so all parents advance together, sibling rank by sibling rank (at most
+    ``max_children`` steps of small tensors), and the walk is then read off as the chain of accepted children.
+    Nothing is sized by the vocabulary except one mask of what each parent's rejections removed."""
+    n, t, vocab = probs.shape
     dev = probs.device
-    # each node's rank among its siblings, which picks its uniform
     earlier = torch.ones(t, t, dtype=torch.bool, device=dev).tril(-1)  # [node, other]: other comes first
     rank = ((tree.parent[:, :, None] == tree.parent[:, None, :]) & earlier).sum(-1)
-    column = 1 + (tree.depth - 1).clamp(min=0) * max_children + rank
-    node = torch.zeros(n, dtype=torch.long, device=dev)
-    p = probs[:, 0].clone()
-    path = torch.full((n, tree.max_depth + 1), -1, dtype=torch.long, device=dev)
-    path[:, 0] = 0
-    for child in range(1, t):
-        x = tree.tokens[:, child]
-        trying = tree.parent[:, child] == node
-        px = p.gather(1, x[:, None]).squeeze(1)
-        extra, lent = relax.lend(p, x) if relax is not None else (0.0, None)
-        accept = trying & (u.gather(1, column[:, child : child + 1]).squeeze(1) < px + extra)
-        # a rejection removes x (and the neighbours that lent it mass) from p, renormalised
-        residual = p.scatter(1, x[:, None], 0.0)
-        if relax is not None:
-            nb = relax.neighbours[x]
-            lender = torch.arange(nb.shape[1], device=dev) < lent[:, None]
-            residual = residual.scatter(1, nb, torch.where(lender, 0.0, residual.gather(1, nb)))
-        total = residual.sum(1, keepdim=True)
-        residual = torch.where(total > 0, residual / total.clamp_min(1e-30), 1.0 / p.shape[1])
-        p = torch.where(accept[:, None], probs[:, child], torch.where(trying[:, None], residual, p))
-        node = torch.where(accept, child, node)
-        path.scatter_(1, tree.depth[:, child : child + 1], torch.where(accept, child, path.gather(
-            1, tree.depth[:, child : child + 1]).squeeze(1))[:, None])
-    bonus = inverse_cdf(p, u[:, 0])
-    return Accepted(path, (path >= 0).sum(1), bonus)
+    rank[:, 0] = max_children  # the root is nobody's child
+    column = 1 + (tree.depth - 1).clamp(min=0) * max_children + rank.clamp(max=max_children - 1)
+    parent = tree.parent.clamp(min=0)
+    flat = probs.reshape(n, t * vocab)
+    # removed[i, P * V + c]: code c left parent P's residual (a rejected child, or a neighbour that lent it mass);
+    # the spare last column takes the writes of nodes that do not change anything
+    removed = torch.zeros(n, t * vocab + 1, dtype=torch.bool, device=dev)
+    removed_mass = torch.zeros(n, t, dtype=probs.dtype, device=dev)  # per parent
+    settled = torch.zeros(n, t, dtype=torch.bool, device=dev)  # per parent: a child was accepted
+    accepted = torch.zeros(n, t, dtype=torch.bool, device=dev)  # per node
+    x = tree.tokens
+    candidates = x[..., None] if relax is None else torch.cat([x[..., None], relax.neighbours[x]], -1)  # [n, T, 1+k]
+    index = parent[..., None] * vocab + candidates
+    for r in range(max_children):
+        trying = (rank == r) & ~settled.gather(1, parent)
+        mass = flat.gather(1, index.reshape(n, -1)).view_as(index)
+        mass = torch.where(removed.gather(1, index.reshape(n, -1)).view_as(index), 0.0, mass)
+        left = 1.0 - removed_mass.gather(1, parent)
+        residual = mass / left.clamp_min(1e-30)[..., None]  # the parent's renormalised residual at the candidates
+        px = residual[..., 0]
+        if relax is None:
+            extra, lent = 0.0, torch.zeros_like(rank)
+        else:
+            extra, lent = relax.extra(residual[..., 1:], px)
+        ok = trying & (left > 0) & (u.gather(1, column) < px + extra)
+        rejected = trying & ~ok
+        # a rejection removes x and its lenders from the parent's residual
+        gone = rejected[..., None] & (torch.arange(candidates.shape[-1], device=dev) <= lent[..., None])
+        removed_mass.scatter_add_(1, parent, (mass * gone).sum(-1))
+        removed.scatter_(1, torch.where(gone, index, t * vocab).reshape(n, -1), True)
+        accepted |= ok
+        settled |= _parents_of(ok, parent)
+    accepted[:, 0] = True
+    reach = ~(tree.ancestors & ~accepted[:, None, :]).any(-1)
+    last = torch.where(reach, tree.depth * t - torch.arange(t, device=dev), -1).argmax(-1)  # the deepest reached
+    img = torch.arange(n, device=dev)
+    residual = torch.where(removed[:, :-1].view(n, t, vocab)[img, last], 0.0, probs[img, last])
+    total = residual.sum(-1, keepdim=True)
+    bonus = inverse_cdf(torch.where(total > 0, residual, probs[img, last]), u[:, 0])
+    return Accepted(tree.path_nodes(last, tree.max_depth + 1), tree.depth[img, last] + 1, bonus)
+
+
+def _at_parent(p: torch.Tensor, parent: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """``p [n, T, V]`` at ``codes [n, T, k]`` of each node's parent: ``[n, T, k]``."""
+    n, t, vocab = p.shape
+    return p.reshape(n, t * vocab).gather(1, (parent[..., None] * vocab + codes).reshape(n, -1)).view_as(codes)
+
+
+def _parents_of(flags: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
+    """``[n, T]`` bool per node P: a child of P has its flag set."""
+    return torch.zeros(flags.shape, dtype=torch.long, device=flags.device).scatter_add_(1, parent, flags.long()) > 0
 
 
 def accept_draws(max_depth: int, max_children: int) -> int:

@@ -5,7 +5,8 @@ Guidance is a mixing matrix over batch rows, ``mixed = cfg_mix @ logits``: with 
 scale, with or without the unconditional half.
 
 The processor applies temperature, then top-k, then top-p (LlamaGen's order; the SD code's order differs only
-when both filters are active). It takes tensors so that the same function exports to ONNX unchanged.
+when both filters are active). The drafter graph applies the same settings to its candidates
+(:class:`vvs.export.graphs.Proposer`).
 """
 from __future__ import annotations
 
@@ -28,41 +29,42 @@ def mix(cfg_mix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (cfg_mix @ x.flatten(1).to(cfg_mix.dtype)).view(cfg_mix.shape[0], *x.shape[1:])
 
 
-def filter_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
-    """Temperature, top-k (``top_k <= 0`` or ``>= vocab`` keeps all), top-p; removed entries become -inf.
-
-    temperature/top_p: float tensors of one element; top_k: int64 tensor of one element.
-    """
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Temperature, top-k (``top_k <= 0`` or ``>= vocab`` keeps all), top-p over the top-k survivors; removed
+    entries become -inf. Only the ``top_k`` best are ever sorted (the whole vocabulary only for top-p without
+    top-k): at 16,384 codes a full sort per tree node would cost more than the rest of a cycle's bookkeeping."""
     vocab = logits.shape[-1]
-    logits = logits / temperature.clamp_min(1e-5)
-    ordered = torch.topk(logits, vocab, dim=-1).values  # a constant K, which TensorRT requires
-    k = torch.where(top_k <= 0, torch.full_like(top_k, vocab), top_k.clamp(max=vocab))
-    kth = ordered.gather(-1, (k - 1).expand(*ordered.shape[:-1], 1))
-    ordered = ordered.masked_fill(ordered < kth, float("-inf"))
-    probs = torch.softmax(ordered, dim=-1)
-    keep = ((probs.cumsum(-1) - probs) < top_p) | (top_p >= 1.0)
-    cutoff = ordered.gather(-1, keep.sum(-1, keepdim=True) - 1)
-    return logits.masked_fill(logits < torch.maximum(kth, cutoff), float("-inf"))
+    logits = logits / max(temperature, 1e-5)
+    k = vocab if top_k <= 0 else min(top_k, vocab)
+    if k == vocab and top_p >= 1.0:
+        return logits
+    ordered = torch.topk(logits, k, dim=-1).values
+    threshold = ordered[..., -1:]
+    if top_p < 1.0:
+        probs = torch.softmax(ordered, dim=-1)
+        keep = (probs.cumsum(-1) - probs) < top_p
+        threshold = torch.maximum(threshold, ordered.gather(-1, keep.sum(-1, keepdim=True) - 1))
+    return logits.masked_fill(logits < threshold, float("-inf"))
 
 
 class Processor:
-    """The options' logits processor bound to tensors once (runtime side)."""
+    """The options' logits processor (runtime side), and the same settings as the drafter graph's inputs."""
 
     def __init__(self, temperature: float, top_k: int, top_p: float, device=None):
         self.greedy = temperature == 0
-        self.identity = temperature == 1.0 and top_k <= 0 and top_p >= 1.0
-        self.temperature = torch.tensor([max(float(temperature), 1e-5)], device=device)
+        self.settings = (max(float(temperature), 1e-5), int(top_k), float(top_p))
+        self.temperature = torch.tensor([self.settings[0]], device=device)
         self.top_k = torch.tensor([top_k], dtype=torch.long, device=device)
         self.top_p = torch.tensor([float(top_p)], device=device)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Target distribution used for sampling and acceptance (greedy: the plain softmax)."""
-        if self.greedy or self.identity:
+        if self.greedy:
             return torch.softmax(logits.float(), dim=-1)
-        return torch.softmax(filter_logits(logits.float(), self.temperature, self.top_k, self.top_p), dim=-1)
+        return torch.softmax(filter_logits(logits.float(), *self.settings), dim=-1)
 
     def graph_inputs(self) -> dict[str, torch.Tensor]:
-        """What the drafter graph's in-graph processor needs; greedy drafts from the unfiltered distribution."""
+        """What the drafter graph's in-graph filter needs; greedy drafts from the unfiltered distribution."""
         if self.greedy:
             return {"temperature": torch.ones_like(self.temperature), "top_k": torch.zeros_like(self.top_k),
                     "top_p": torch.ones_like(self.top_p)}

@@ -1,0 +1,64 @@
+"""``vvs-bench --scale SIZE``: the decoding modes at an official size's compute cost, with a trained pair's
+acceptance.
+
+The engine folder's target and drafter are inflated to ``SIZE`` (:mod:`vvs.models.inflate`: the same function at
+the official widths and depth, so the same tokens and the same acceptance) and exported once into a sibling folder,
+``<engine>-scale/<SIZE>``, reused while the source weights are the same. The benchmark then runs there like on any
+engine folder. What the numbers are, said wherever they are printed: seconds at that size's per-call costs, with
+the source pair's acceptance, at the source's code vocabulary — the official vocabulary's larger LM head
+(16,384 codes) is not part of them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from vvs.engines.manifest import MANIFEST, TORCH_WEIGHTS, is_mar, read_manifest
+from vvs.errors import VVSError
+from vvs.models.gpt import GPT_SIZES, GPTConfig
+
+OFFICIAL_SIZES = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XXL", "GPT-XXXL", "GPT-1B", "GPT-3B", "GPT-7B")
+
+
+def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
+    """The inflated engine folder of ``engine_dir`` at ``size``, exported on first use."""
+    from vvs.export.exporter import export_folder
+    from vvs.models.bundle import ModelBundle
+    from vvs.models.inflate import inflate_bundle
+    from vvs.models.loading import load_drafter, load_gpt, load_vq
+
+    if size not in OFFICIAL_SIZES:
+        raise VVSError(f"option --scale {size!r}: choose one of {', '.join(OFFICIAL_SIZES)}")
+    engine_dir = Path(engine_dir)
+    manifest = read_manifest(engine_dir)
+    if is_mar(manifest):
+        raise VVSError("option --scale: inflates LlamaGen engine folders (target and drafter); this is a MAR folder")
+    source = {name: manifest["files"][TORCH_WEIGHTS[name]]["sha256"] for name in ("target", "drafter", "vq")}
+    out = engine_dir.parent / f"{engine_dir.name}-scale" / size
+    if (out / MANIFEST).is_file() and read_manifest(out)["model"].get("inflated", {}).get("source") == source:
+        return out
+    target = load_gpt(engine_dir / TORCH_WEIGHTS["target"])
+    try:
+        bundle = inflate_bundle(ModelBundle(target, load_drafter(engine_dir / TORCH_WEIGHTS["drafter"], target.config),
+                                            load_vq(engine_dir / TORCH_WEIGHTS["vq"])), size)
+    except ValueError as err:
+        raise VVSError(f"option --scale {size}: {err}") from None
+    info = {k: v for k, v in manifest["model"].items() if k not in ("family", "target", "drafter", "vq")}
+    info["inflated"] = {"size": size, "source": source, "source_folder": str(engine_dir.resolve())}
+    export_folder(bundle, out, precision=manifest["precision"], decoding_defaults=manifest["decoding_defaults"],
+                  neighbours=manifest["tables"]["neighbours_per_code"], extra_model_info=info, progress=progress,
+                  force=True)
+    return out
+
+
+def describe(manifest: dict) -> str | None:
+    """One line saying what a scale folder's numbers are, or None for an ordinary folder."""
+    inflated = manifest["model"].get("inflated")
+    if inflated is None:
+        return None
+    t = GPTConfig(**manifest["model"]["target"])
+    official = GPT_SIZES[inflated["size"]]
+    return (f"measured at {inflated['size']} compute cost (a target of {t.n_layer} layers x {t.n_head} heads x {t.dim} "
+            f"wide, a one-layer drafter of its width) with the acceptance of {inflated['source_folder']}'s pair; "
+            f"the code vocabulary stays {t.vocab_size} codes (the official 16384 adds a {official['dim']} x 16384 "
+            "LM head to every target step and every drafter expansion)")
+
