@@ -42,6 +42,7 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
                                             load_vq(engine_dir / TORCH_WEIGHTS["vq"])), size)
     except ValueError as err:
         raise VVSError(f"option --scale {size}: {err}") from None
+    out.parent.mkdir(parents=True, exist_ok=True)
     info = {k: v for k, v in manifest["model"].items() if k not in ("family", "target", "drafter", "vq")}
     info["inflated"] = {"size": size, "source": source, "source_folder": str(engine_dir.resolve())}
     export_folder(bundle, out, precision=manifest["precision"], decoding_defaults=manifest["decoding_defaults"],
