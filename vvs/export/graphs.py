@@ -94,8 +94,8 @@ class DraftTreeGraph(nn.Module):
        scratch region after the stable cache, seen only by their own descendants.
     3. The ``tree_size - 1`` best proposals form the tree (:func:`select_tree`).
 
-    The structure (size, depth, top-k) is fixed per graph; keys/values of the cache are laid out exactly as a
-    per-level drafter call sequence would see them, so the trees equal those of single drafter calls."""
+    The structure (size, depth, top-k) is fixed per graph; every level sees exactly the keys/values a per-level
+    drafter call sequence would see, so the trees equal those of single drafter calls."""
 
     def __init__(self, drafter: Drafter, head: nn.Linear, tree: TreeShape, max_position: int):
         super().__init__()
@@ -112,24 +112,20 @@ class DraftTreeGraph(nn.Module):
         stable = past_kv.shape[4]
         dev = features.device
         processor = (cfg_mix, temperature, top_k, top_p)
-        kv = torch.cat([past_kv, past_kv.new_zeros(*past_kv.shape[:4], depth * k, past_kv.shape[5])], 4)
-        slots = torch.arange(stable + depth * k, device=dev)
 
-        # 1. the new stable slots
+        # 1. the new stable slots, over the committed ones (the cache is read in place, never copied)
         length, count = past_len.repeat(groups), new_count.repeat(groups)
-        past = (slots < length[:, None])[:, None, :].expand(rows, m, -1)
-        mask = torch.cat([past, causal_within(count, m)], -1)[:, None]
-        hidden, stable_kv = self.step(features, input_ids, position_ids.clamp(max=self.max_position), mask, kv)
-        src = slots[None, :] - length[:, None]  # committed in place: slot length + j holds new slot j
-        take = (src >= 0) & (src < count[:, None])
-        index = src.clamp(0, m - 1)[None, None, :, None, :, None].expand(*kv.shape[:4], -1, kv.shape[5])
-        kv = torch.where(take[None, None, :, None, :, None], stable_kv.gather(4, index), kv)
+        committed = torch.arange(stable, device=dev) < length[:, None]  # [rows, S]
+        mask = torch.cat([committed[:, None, :].expand(rows, m, stable), causal_within(count, m)], -1)[:, None]
+        hidden, stable_kv = self.step(features, input_ids, position_ids.clamp(max=self.max_position), mask, (past_kv,))
         last = new_count - 1
         root_hidden = hidden[torch.arange(rows, device=dev), last.repeat(groups)]
         logp, ids = (t[:, 0] for t in self.propose(root_hidden[:, None], *processor))
 
-        # 2. expansion levels
-        stable_visible = (slots < (length + count)[:, None]) & (slots < stable)  # [rows, S]
+        # 2. expansion levels: each attends over the cache, the valid new stable slots and its ancestors among the
+        # frontier slots of earlier levels (kept, with the new stable slots, in a small scratch chunk)
+        new_visible = (torch.arange(m, device=dev) < count[:, None])[:, None, :].expand(rows, k, m)
+        scratch = stable_kv
         pool_tokens, pool_scores = [ids], [logp]
         pool_parent = [torch.full((n, k), -1, dtype=torch.long, device=dev)]
         pool_depth = [torch.ones(n, k, dtype=torch.long, device=dev)]
@@ -140,14 +136,13 @@ class DraftTreeGraph(nn.Module):
         eye = torch.eye(k, dtype=torch.bool, device=dev).expand(rows, k, k)
         offset = k
         for level in range(1, depth + 1):
-            past = torch.cat([stable_visible[:, None, :stable].expand(rows, k, stable), frontier_anc.repeat(groups, 1, 1)],
-                             -1)
+            ancestors = frontier_anc[:, :, : (level - 1) * k].repeat(groups, 1, 1)
+            mask = torch.cat([committed[:, None, :].expand(rows, k, stable), new_visible, ancestors, eye], -1)[:, None]
             positions = (root_position + level).clamp(max=self.max_position)[:, None].expand(n, k)
             hidden, new_kv = self.step(frontier_hidden, frontier_tokens.repeat(groups, 1), positions.repeat(groups, 1),
-                                       torch.cat([past, eye], -1)[:, None], kv)
+                                       mask, (past_kv, scratch))
             logp, ids = self.propose(hidden, *processor)
-            at = stable + (level - 1) * k
-            kv = torch.cat([kv[:, :, :, :, :at], new_kv, kv[:, :, :, :, at + k:]], 4)
+            scratch = torch.cat([scratch, new_kv], 4)
             child_scores = (frontier_scores[:, :, None] + logp).reshape(n, k * k)
             child_tokens = ids.reshape(n, k * k)
             pool_tokens.append(child_tokens)

@@ -164,11 +164,13 @@ class Drafter(nn.Module):
     def forward(self, features, tokens, position_ids, mask, past_kv=None) -> DrafterOutput:
         """features ``[B, T, D]`` (target features of the previous positions), tokens ``[B, T]``, position_ids
         ``[B, T]`` (target positions of the tokens), mask bool ``[B or 1, 1, T, P + T]``,
-        past_kv ``[num_hidden_layers, 2, B, H, P, hd]`` or None."""
+        past_kv ``[num_hidden_layers, 2, B, H, P, hd]``, a tuple of such chunks (see :func:`attend`), or None."""
         x = self.fc(torch.cat([self.embed_tokens(tokens).to(features.dtype), features], dim=-1))
         rope = (*rope_factors(self.rope[position_ids]), self.rope_swap)
         new_kv = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, rope, mask, None if past_kv is None else past_kv[i])
+            past = past_kv if past_kv is None else (
+                tuple(c[i] for c in past_kv) if isinstance(past_kv, tuple) else past_kv[i])
+            x, kv = layer(x, rope, mask, past)
             new_kv.append(kv)
         return DrafterOutput(x, torch.stack(new_kv))

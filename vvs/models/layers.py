@@ -69,22 +69,37 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, swap: torc
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_kv: torch.Tensor | None, mask: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_kv: torch.Tensor | tuple | None, mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of new tokens over ``past ‖ new`` keys.
 
-    q, k, v: ``[B, T, H, hd]`` (already rotated); past_kv: ``[2, B, H, P, hd]`` or None;
+    q, k, v: ``[B, T, H, hd]`` (already rotated); past_kv: ``[2, B, H, P, hd]``, a tuple of such chunks, or None;
     mask: bool ``[B or 1, 1, T, P + T]``, True where a query may attend. Returns ``([B, T, H*hd], new_kv)``
     with ``new_kv [2, B, H, T, hd]``.
+
+    Chunks are attended where they lie, without concatenating them: a draft tree attends over the whole drafter
+    cache plus a few slots per level, and copying the cache for every level cost more than the attention.
     """
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
     new_kv = torch.stack([k, v])
-    if past_kv is not None:
-        k = torch.cat([past_kv[0], k], dim=2)
-        v = torch.cat([past_kv[1], v], dim=2)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if isinstance(past_kv, tuple):
+        out = _attend_chunks(q, [c[0] for c in past_kv] + [k], [c[1] for c in past_kv] + [v], mask)
+    else:
+        if past_kv is not None:
+            k = torch.cat([past_kv[0], k], dim=2)
+            v = torch.cat([past_kv[1], v], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     b, h, t, hd = out.shape
     return out.transpose(1, 2).reshape(b, t, h * hd), new_kv
+
+
+def _attend_chunks(q, keys, values, mask):
+    """Softmax attention over key/value chunks ``[B, H, P_i, hd]`` (scores in float32, as the fused kernels do)."""
+    scale = q.shape[-1] ** -0.5
+    scores = torch.cat([(q @ key.transpose(-1, -2)).float() for key in keys], -1) * scale
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(q.dtype)
+    sizes = [key.shape[2] for key in keys]
+    return sum(p @ value for p, value in zip(probs.split(sizes, dim=-1), values))
 
 
 def ffn_hidden_size(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:

@@ -81,7 +81,7 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None
     The walk (from the root, try the children in order until one is accepted, move there) is computed for every
     node at once: the test a child faces depends only on its parent's distribution and on which of its earlier
     siblings were rejected, so all parents advance together, sibling rank by sibling rank (at most
-    ``max_children`` steps of small tensors), and the walk is then read off as the chain of accepted children.
+    ``max_children`` steps, each over the nodes of that rank and their candidate codes), and the walk is then read off as the chain of accepted children.
     Nothing is sized by the vocabulary except one mask of what each parent's rejections removed."""
     n, t, vocab = probs.shape
     dev = probs.device
@@ -98,27 +98,31 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None
     settled = torch.zeros(n, t, dtype=torch.bool, device=dev)  # per parent: a child was accepted
     accepted = torch.zeros(n, t, dtype=torch.bool, device=dev)  # per node
     x = tree.tokens
-    candidates = x[..., None] if relax is None else torch.cat([x[..., None], relax.neighbours[x]], -1)  # [n, T, 1+k]
+    candidates = x[..., None] if relax is None else torch.cat([x[..., None], relax.neighbours[x]], -1)  # [n, T, c]
     index = parent[..., None] * vocab + candidates
+    width = candidates.shape[-1]
     for r in range(max_children):
-        trying = (rank == r) & ~settled.gather(1, parent)
-        mass = flat.gather(1, index.reshape(n, -1)).view_as(index)
-        mass = torch.where(removed.gather(1, index.reshape(n, -1)).view_as(index), 0.0, mass)
-        left = 1.0 - removed_mass.gather(1, parent)
+        # the nodes of rank r, first: siblings are disjoint, so at most (T - 1) // (r + 1) of them exist
+        sel = torch.sort((rank != r).to(torch.int8), dim=1, stable=True).indices[:, : max(1, (t - 1) // (r + 1))]
+        own_parent = parent.gather(1, sel)
+        trying = (rank.gather(1, sel) == r) & ~settled.gather(1, own_parent)
+        at = index.gather(1, sel[..., None].expand(-1, -1, width)).reshape(n, -1)
+        mass = torch.where(removed.gather(1, at), 0.0, flat.gather(1, at)).view(n, -1, width)
+        left = 1.0 - removed_mass.gather(1, own_parent)
         residual = mass / left.clamp_min(1e-30)[..., None]  # the parent's renormalised residual at the candidates
         px = residual[..., 0]
         if relax is None:
-            extra, lent = 0.0, torch.zeros_like(rank)
+            extra, lent = 0.0, torch.zeros_like(own_parent)
         else:
             extra, lent = relax.extra(residual[..., 1:], px)
-        ok = trying & (left > 0) & (u.gather(1, column) < px + extra)
+        ok = trying & (left > 0) & (u.gather(1, column.gather(1, sel)) < px + extra)
         rejected = trying & ~ok
         # a rejection removes x and its lenders from the parent's residual
-        gone = rejected[..., None] & (torch.arange(candidates.shape[-1], device=dev) <= lent[..., None])
-        removed_mass.scatter_add_(1, parent, (mass * gone).sum(-1))
-        removed.scatter_(1, torch.where(gone, index, t * vocab).reshape(n, -1), True)
-        accepted |= ok
-        settled |= _parents_of(ok, parent)
+        gone = rejected[..., None] & (torch.arange(width, device=dev) <= lent[..., None])
+        removed_mass.scatter_add_(1, own_parent, (mass * gone).sum(-1))
+        removed.scatter_(1, torch.where(gone.reshape(n, -1), at, t * vocab), True)
+        accepted |= torch.zeros_like(accepted).scatter_(1, sel, ok)
+        settled |= _parents_of(ok, own_parent, t)
     accepted[:, 0] = True
     reach = ~(tree.ancestors & ~accepted[:, None, :]).any(-1)
     last = torch.where(reach, tree.depth * t - torch.arange(t, device=dev), -1).argmax(-1)  # the deepest reached
@@ -135,9 +139,10 @@ def _at_parent(p: torch.Tensor, parent: torch.Tensor, codes: torch.Tensor) -> to
     return p.reshape(n, t * vocab).gather(1, (parent[..., None] * vocab + codes).reshape(n, -1)).view_as(codes)
 
 
-def _parents_of(flags: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
-    """``[n, T]`` bool per node P: a child of P has its flag set."""
-    return torch.zeros(flags.shape, dtype=torch.long, device=flags.device).scatter_add_(1, parent, flags.long()) > 0
+def _parents_of(flags: torch.Tensor, parent: torch.Tensor, size: int) -> torch.Tensor:
+    """``[n, size]`` bool per node P: one of the nodes whose ``parent`` is P has its flag set."""
+    out = torch.zeros(flags.shape[0], size, dtype=torch.long, device=flags.device)
+    return out.scatter_add_(1, parent, flags.long()) > 0
 
 
 def accept_draws(max_depth: int, max_children: int) -> int:

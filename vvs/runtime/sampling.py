@@ -38,8 +38,8 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     k = vocab if top_k <= 0 else min(top_k, vocab)
     if k == vocab and top_p >= 1.0:
         return logits
-    ordered = torch.topk(logits, k, dim=-1).values
-    threshold = ordered[..., -1:]
+    ordered = torch.topk(logits, k, dim=-1, sorted=top_p < 1.0).values
+    threshold = ordered.amin(-1, keepdim=True)
     if top_p < 1.0:
         probs = torch.softmax(ordered, dim=-1)
         keep = (probs.cumsum(-1) - probs) < top_p
