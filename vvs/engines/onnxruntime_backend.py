@@ -6,6 +6,7 @@ torch and ONNX Runtime. CPU execution provider, or CUDA when ``onnxruntime-gpu``
 """
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -26,20 +27,24 @@ class OrtEngine:
         self.session, self.spec, self.device = session, spec, device
         self.device_type = "cuda" if device.type == "cuda" else "cpu"
         self.device_id = device.index or 0
+        self.local = threading.local()  # one binding per calling thread, rebound on every call
 
     def run(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         dims = self.spec.check_inputs(inputs)
-        io = self.session.io_binding()
+        io = getattr(self.local, "io", None)
+        if io is None:
+            io = self.local.io = self.session.io_binding()
+        where = (self.device_type, self.device_id)
         for spec in self.spec.inputs:
-            t = inputs[spec.name].to(self.device).contiguous()
-            inputs[spec.name] = t  # keep alive until the run returns
-            io.bind_input(spec.name, self.device_type, self.device_id, NUMPY[t.dtype], list(t.shape), t.data_ptr())
+            t = inputs[spec.name]
+            if t.device != self.device or not t.is_contiguous():
+                t = inputs[spec.name] = t.to(self.device).contiguous()  # kept alive until the run returns
+            io.bind_input(spec.name, *where, NUMPY[t.dtype], t.shape, t.data_ptr())
         outputs = {}
         for spec in self.spec.outputs:
             shape = [d if isinstance(d, int) else dims[d] for d in spec.shape]
-            out = torch.empty(shape, dtype=spec.torch_dtype, device=self.device)
-            io.bind_output(spec.name, self.device_type, self.device_id, NUMPY[out.dtype], shape, out.data_ptr())
-            outputs[spec.name] = out
+            out = outputs[spec.name] = torch.empty(shape, dtype=spec.torch_dtype, device=self.device)
+            io.bind_output(spec.name, *where, NUMPY[out.dtype], shape, out.data_ptr())
         self.session.run_with_iobinding(io)
         return outputs
 
