@@ -5,7 +5,8 @@ wheels named in docs/performance.md). Prints a short table and writes gpu_check.
    decodes; at most one synchronising call per cycle);
 2. per-step latency, eager vs CUDA graphs: the draft_tree call and verify at every bucket, and the AR step;
 3. end-to-end seconds per image for ar, sd, lantern, vvs, eager vs graphs (speculative cycles captured whole);
-for the shipped model and for a randomly initialised GPT-XL-sized target (fp16) with a random drafter.
+for the shipped model and for it inflated to GPT-B (fp32) and GPT-XL (fp16) size — the scale benchmark: official
+per-call costs with the shipped pair's acceptance (:mod:`vvs.models.inflate`; the vocabulary stays 1024 codes).
 
 Usage: PYTHONPATH=. python3 bench/gpu_check.py [--images 2] [--skip-xl]
 """
@@ -30,8 +31,8 @@ from vvs.engines.buckets import buckets  # noqa: E402
 from vvs.engines.cuda_graphs import GraphedEngine, capture_graphs  # noqa: E402
 from vvs.engines.torch_backend import torch_engines  # noqa: E402
 from vvs.export.spec import sample_inputs  # noqa: E402
-from vvs.models import GPT, Drafter, DrafterConfig, VQModel, gpt_config, vq_config  # noqa: E402
 from vvs.models.bundle import ModelBundle, load_bundle, shipped_info  # noqa: E402
+from vvs.models.inflate import inflate_bundle  # noqa: E402
 from vvs.runtime.cache import KVCache  # noqa: E402
 from vvs.runtime.options import DecodeOptions  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402
@@ -88,14 +89,6 @@ def end_to_end(bundle: ModelBundle, dtype, opts: DecodeOptions, images: int) -> 
     return rows
 
 
-def random_xl() -> ModelBundle:
-    torch.manual_seed(0)
-    target = GPT(gpt_config("GPT-XL", grid_size=16, num_classes=1000)).eval()
-    drafter = Drafter(DrafterConfig.for_target(target.config), target.config).eval()
-    vq = VQModel(vq_config("VQ-tiny", codebook_size=target.config.vocab_size)).eval()
-    return ModelBundle(target, drafter, vq)
-
-
 def run_gpu_tests() -> dict:
     start = time.time()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -116,9 +109,12 @@ def main():
     print(f"{report['gpu']}, torch {report['torch']}")
     report["gpu_tests"] = run_gpu_tests()
     print(f"tests marked gpu: {report['gpu_tests']['summary']}")
-    models = {"shipped": (load_bundle(), torch.float32, DecodeOptions.from_dict(shipped_info()["decoding_defaults"]))}
+    shipped = load_bundle()
+    opts = DecodeOptions.from_dict(shipped_info()["decoding_defaults"])
+    models = {"shipped": (shipped, torch.float32, opts),
+              "GPT-B (inflated shipped)": (inflate_bundle(shipped, "GPT-B"), torch.float32, opts)}
     if not args.skip_xl:
-        models["GPT-XL (random)"] = (random_xl(), torch.float16, DecodeOptions(cfg_scale=4.0, top_k=0, lantern_k=100))
+        models["GPT-XL (inflated shipped)"] = (inflate_bundle(shipped, "GPT-XL"), torch.float16, opts)
     for name, (bundle, dtype, opts) in models.items():
         engines = torch_engines(copy.deepcopy(bundle), "cuda", dtype)
         steps = step_latencies(engines, opts)

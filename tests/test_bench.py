@@ -57,6 +57,34 @@ def test_tuner_prefers_smaller_trees_when_verification_cost_grows():
     assert choose_tree(steep, measured, cycle_cost=5e-3).tree_size == 24
 
 
+def test_tuner_records_the_measured_speed_next_to_the_prediction(pipeline_factory, monkeypatch):
+    """The tuner's record holds its prediction for the chosen tree (at skip interval 2, as the candidates were
+    decoded) and the benchmark's measurement of that same setting, and the picked interval's measured speed-up."""
+    import vvs.bench
+    import vvs.tune
+
+    monkeypatch.setattr(vvs.tune, "measure_verify_costs", lambda pipe, sizes: {t: 1e-3 * t for t in sizes})
+    monkeypatch.setattr(vvs.tune, "measure_trees", lambda *a, **k: ({(4, 2, 1): (100.0, 150.0, 1e-3),
+                                                                    (12, 3, 4): (80.0, 100.0, 9e-3)}, 5e-4))
+    seen = {}
+
+    def bench(pipe, settings, classes, seeds, batch_size, instruments=None):
+        seen["labels"] = [s.label for s in settings]
+        seconds = {"ar": 2.0, "vvs[skip_interval=2]": 1.7, "vvs[skip_interval=3]": 1.25}
+        modes = {s.label: {"seconds_per_image": {"median": seconds.get(s.label, 1.5)},
+                           "speedup_vs_ar": 2.0 / seconds.get(s.label, 1.5)} for s in settings}
+        return {"modes": modes}, {}
+
+    monkeypatch.setattr(vvs.bench, "run_benchmark", bench)
+    options, record = vvs.tune.tune(pipeline_factory(), [0, 1], seeds=1, log=lambda line: None)
+    assert seen["labels"][:2] == ["ar", "vvs[skip_interval=2]"]
+    assert record["tree"] == {"tree_size": 4, "depth": 2, "draft_top_k": 1}
+    assert record["predicted_seconds_per_image"] == pytest.approx(100 * 7e-3 + 150 * 1.5e-3)
+    assert record["measured_seconds_per_image"] == 1.7
+    assert record["skip_interval"] == 3 and options.skip_interval == 3
+    assert record["measured_speedup_vs_ar"] == pytest.approx(1.6)
+
+
 def test_bench_command_writes_results(tiny_folder, tmp_path, capsys, monkeypatch):
     out = tmp_path / "bench"
     code, stdout, err = run_cli(bench_main, ["--engine", tiny_folder, "--mode", "ar,vvs-uniform", "--num-images", "2",

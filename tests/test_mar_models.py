@@ -60,9 +60,14 @@ def test_unknown_tokens_do_not_change_features(mar, golden):
 
 @pytest.mark.parametrize("step", [19, 7, 0])
 def test_diffusion_step_matches_official_p_mean_variance(mar, golden, step):
+    """The absolute tolerance scales with the mean's magnitude: at the noisiest step the mean is x0's estimate,
+    (x - sqrt(1 - a) eps) / sqrt(a) with a ~ 1e-5, so float32 rounding of eps is amplified a hundredfold. Recomputed in
+    float64, step 19's mean (up to 7250) differs from the golden file by 0.017 and from vvs's float32 by 0.002: the
+    file's own rounding, which depends on the CPU's summation order (an AMD EPYC and an Intel Xeon differ there)."""
     with torch.no_grad():
         mean, log_var = mar.diffloss.step(golden["in.x"], step, golden["in.cond"])
-    torch.testing.assert_close(mean, golden[f"step{step}.mean"], atol=1e-5, rtol=1e-5)
+    want = golden[f"step{step}.mean"]
+    torch.testing.assert_close(mean, want, atol=1e-5 * max(1.0, want.abs().max().item()), rtol=1e-5)
     torch.testing.assert_close(log_var, golden[f"step{step}.log_var"], atol=1e-5, rtol=1e-5)
 
 

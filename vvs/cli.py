@@ -462,8 +462,8 @@ def bench_cmd(engine_dir, backend, device, modes, classes, num_images, seed, num
         from vvs.export.exporter import write_defaults
         from vvs.tune import tune as run_tune
 
-        best = run_tune(pipe, labels, num_seeds, instruments, log=click.echo)
-        write_defaults(Path(engine_dir), best.to_dict())
+        best, record = run_tune(pipe, labels, num_seeds, instruments, log=click.echo)
+        write_defaults(Path(engine_dir), best.to_dict(), record)
         click.echo(f"saved as the defaults of {engine_dir}/manifest.json")
         pipe.options = best
     results, samples = run_benchmark(pipe, settings, labels, num_seeds, batch_size, instruments, base_seed=seed)

@@ -104,8 +104,10 @@ def measure_trees(pipe: Pipeline, classes: torch.Tensor, base: dict, candidates=
     return out, statistics.median(per_cycle)
 
 
-def tune(pipe: Pipeline, classes: list[int], seeds: int, instruments=None, log=print) -> DecodeOptions:
-    """Choose the tree from predicted cost, then the skip interval by measured speed within AR's quality spread."""
+def tune(pipe: Pipeline, classes: list[int], seeds: int, instruments=None, log=print) -> tuple[DecodeOptions, dict]:
+    """Choose the tree from predicted cost, then the skip interval by measured speed within AR's quality spread.
+    Returns the options and a record of what was predicted and what was then measured (the prediction is for skip
+    interval 2, the interval the tree candidates were decoded with, so that row of the benchmark checks it)."""
     from vvs.bench import Setting, run_benchmark, within_ar_spread
 
     labels = torch.tensor(classes)
@@ -126,4 +128,11 @@ def tune(pipe: Pipeline, classes: list[int], seeds: int, instruments=None, log=p
     pick = max(ok or settings[1:], key=lambda s: modes[s.label]["speedup_vs_ar"])
     log(f"skip interval {pick.overrides['skip_interval']}: {modes[pick.label]['speedup_vs_ar']:.2f}x vs ar"
         + ("" if ok else " (no interval stayed within AR's quality spread; kept the fastest)"))
-    return pipe.options.updated(**pick.overrides)
+    checked = modes[settings[1].label]  # skip interval 2: the setting the prediction is for
+    record = {"tree": chosen, "predicted_seconds_per_image": tree.predicted_seconds,
+              "measured_seconds_per_image": checked["seconds_per_image"]["median"],
+              "skip_interval": pick.overrides["skip_interval"],
+              "measured_speedup_vs_ar": modes[pick.label]["speedup_vs_ar"], "within_ar_quality_spread": bool(ok)}
+    log(f"predicted {record['predicted_seconds_per_image']:.3f} s/image at skip interval 2, measured "
+        f"{record['measured_seconds_per_image']:.3f}")
+    return pipe.options.updated(**pick.overrides), record

@@ -214,11 +214,14 @@ def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, Gr
     return path, spec
 
 
-def write_defaults(folder: Path, defaults: dict) -> None:
-    """Replace the folder's default decoding options (``vvs-bench --tune``); only the manifest changes."""
+def write_defaults(folder: Path, defaults: dict, tuning: dict | None = None) -> None:
+    """Replace the folder's default decoding options (``vvs-bench --tune``, which also records what it predicted
+    and measured under ``tuning``); only the manifest changes."""
     path = Path(folder) / MANIFEST
     manifest = json.loads(path.read_text())
     manifest["decoding_defaults"] = DecodeOptions().updated(**defaults).to_dict()
+    if tuning is not None:
+        manifest["tuning"] = tuning
     tmp = path.with_name(MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(tmp, path)
