@@ -423,7 +423,8 @@ class Speculation:
         self.chain_len.copy_(torch.where(verifying, 0, self.chain_len))
 
     def accept_unverified(self, skipping: torch.Tensor, u: torch.Tensor) -> None:
-        """Commit a random drafted path, truncated, without a target forward; it is verified next cycle."""
+        """Commit a random drafted path, truncated, without a target forward. The next target forward runs over it
+        only to fill the caches: its tokens stay, whatever the target would have said (VVS is lossy by design)."""
         d = self.d
         path, a, root = select_unverified(self.tree, self.width, u)
         a = torch.where(skipping, a, 0)
