@@ -49,6 +49,7 @@ class EngineSet:
     tree_loader: Callable[[TreeShape], Engine] | None = field(default=None, repr=False)
     tree_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     capture_cycles: bool = False  # replay whole speculative cycles as CUDA graphs (vvs.runtime.captured)
+    neighbour_sets: dict = field(default_factory=dict, repr=False)  # k -> [vocab, k] int64, made once per k
 
     def close(self) -> None:
         """Persist what the backend learnt while running (also done when the process exits)."""
@@ -100,7 +101,11 @@ class EngineSet:
             return engine
 
     def neighbours(self, k: int) -> torch.Tensor:
-        """``[vocab, k]`` nearest codes of every code (LANTERN's proximity sets)."""
-        if self.neighbour_table is None or self.neighbour_table.shape[1] < k:
-            self.neighbour_table = nearest_codes(self.codebook, k).to(self.device)
-        return self.neighbour_table[:, :k].long()
+        """``[vocab, k]`` nearest codes of every code (LANTERN's proximity sets). Kept per k: at 16,384 codes and
+        k = 1000 the int64 table is 131 MB, too much to rebuild for every batch that joins."""
+        sets = self.neighbour_sets.get(k)
+        if sets is None:
+            if self.neighbour_table is None or self.neighbour_table.shape[1] < k:
+                self.neighbour_table = nearest_codes(self.codebook, k).to(self.device)
+            sets = self.neighbour_sets[k] = self.neighbour_table[:, :k].long()
+        return sets
