@@ -7,7 +7,7 @@ Usage: python bench/call_costs.py [--size GPT-B] [--vocab 16384] [--folder DIR] 
 
 The folder (default ``engines-random-GPT-B``) is exported once and reused; ``--folder`` of an existing engine
 folder measures that one. Runtime per cycle comes from decoding one image per tree shape with ``vvs`` (uniform
-skips every 3rd cycle), split into draft / verify / other by the pipeline's own clock.
+skips every 3rd cycle, after one warm-up image), split into draft / verify / other by the pipeline's own clock.
 """
 from __future__ import annotations
 
@@ -86,6 +86,7 @@ def draft_cost(engines, tree: TreeShape, repeats: int) -> float:
 def runtime_split(pipe: Pipeline, tree: TreeShape) -> dict:
     options = dict(mode="vvs", skip_policy="uniform", skip_interval=3, tree_size=tree.tree_size, depth=tree.depth,
                    draft_top_k=tree.draft_top_k)
+    pipe.generate(torch.tensor([1]), seed=1, decode_images=False, **options)  # warm-up: buffers, tables, sessions
     s = pipe.generate(torch.tensor([0]), seed=0, decode_images=False, **options).stats[0]
     cycles = len(s.trace)
     return {"cycles": cycles, "draft_ms": s.draft_seconds / cycles * 1e3, "verify_ms": s.verify_seconds / cycles * 1e3,
