@@ -197,7 +197,8 @@ def test_bench_scale_runs_an_inflated_folder(tiny_folder, tmp_path, capsys, monk
     assert "measured at GPT-B compute cost (a target of 12 layers x 12 heads x 768 wide" in stdout
     scaled = json.loads((out / "results.json").read_text())
     manifest = json.loads((tmp_path / "engines-scale" / "GPT-B" / "manifest.json").read_text())
-    assert manifest["model"]["target"]["dim"] == 768 and manifest["decoding_defaults"]["tree_size"] == SMALL["tree_size"]
+    assert manifest["model"]["target"]["dim"] == 768
+    assert manifest["decoding_defaults"]["tree_size"] == SMALL["tree_size"]
     code, _, _ = run_cli(bench_main, args, capsys, monkeypatch)
     small = json.loads((out / "results.json").read_text())
     for mode in ("ar", "vvs"):

@@ -40,8 +40,9 @@ def inflated_config(small: GPTConfig, size: str) -> GPTConfig:
     """The official ``size``'s widths and depth with ``small``'s vocabulary, conditioning and grid."""
     big = gpt_config(size)
     r = big.head_dim // small.head_dim
-    if (big.ffn_hidden < small.ffn_hidden or big.dim < small.dim or big.n_head < small.n_head or big.n_layer < small.n_layer
-            or r * small.head_dim != big.head_dim or small.head_dim % 4):
+    smaller = (big.ffn_hidden < small.ffn_hidden or big.dim < small.dim or big.n_head < small.n_head
+               or big.n_layer < small.n_layer)
+    if smaller or r * small.head_dim != big.head_dim or small.head_dim % 4:
         raise ValueError(f"cannot inflate a target of {small.n_layer} layers x {small.n_head} heads of dimension "
                          f"{small.head_dim} to {size} ({big.n_layer} x {big.n_head} x {big.head_dim}): the size must "
                          "have at least as many layers and heads, and a head dimension that is a multiple of the "

@@ -81,8 +81,9 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None
     The walk (from the root, try the children in order until one is accepted, move there) is computed for every
     node at once: the test a child faces depends only on its parent's distribution and on which of its earlier
     siblings were rejected, so all parents advance together, sibling rank by sibling rank (at most
-    ``max_children`` steps, each over the nodes of that rank and their candidate codes), and the walk is then read off as the chain of accepted children.
-    Nothing is sized by the vocabulary except one mask of what each parent's rejections removed."""
+    ``max_children`` steps, each over the nodes of that rank and their candidate codes), and the walk is then read
+    off as the chain of accepted children. Nothing is sized by the vocabulary except one mask of what each parent's
+    rejections removed."""
     n, t, vocab = probs.shape
     dev = probs.device
     earlier = torch.ones(t, t, dtype=torch.bool, device=dev).tril(-1)  # [node, other]: other comes first
