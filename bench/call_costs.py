@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -26,6 +24,7 @@ from vvs.engines import load_engines  # noqa: E402
 from vvs.engines.manifest import MANIFEST  # noqa: E402
 from vvs.runtime.options import DecodeOptions, TreeShape  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402
+from vvs.tune import median_seconds  # noqa: E402
 
 SHAPES = [TreeShape(4, 2, 1), TreeShape(59, 4, 10)]  # the chain --tune picks on CPU; EAGLE-2's published tree
 
@@ -44,16 +43,6 @@ def export_random(size: str, vocab: int, folder: Path) -> None:
                   decoding_defaults=dict(zip(("tree_size", "depth", "draft_top_k"), SHAPES[0])))
 
 
-def timed(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
 def verify_cost(engines, width: int, repeats: int) -> float:
     cfg = engines.target
     rows, capacity = 2, cfg.max_positions + 12
@@ -62,7 +51,7 @@ def verify_cost(engines, width: int, repeats: int) -> float:
                   position_ids=torch.full((rows, width), cfg.max_positions - 1),
                   attn_mask=torch.ones(rows, 1, width, capacity + width, dtype=torch.bool), past_kv=kv,
                   cfg_mix=torch.tensor([[3.0, -2.0]]))
-    return timed(lambda: engines.graphs["target_verify"].run(**inputs), repeats)
+    return median_seconds(lambda: engines.graphs["target_verify"].run(**inputs), repeats)
 
 
 def draft_cost(engines, tree: TreeShape, repeats: int) -> float:
@@ -80,7 +69,7 @@ def draft_cost(engines, tree: TreeShape, repeats: int) -> float:
                   root_position=torch.tensor([cfg.max_positions - 40 + m - 1]), cfg_mix=torch.tensor([[3.0, -2.0]]),
                   temperature=torch.tensor([opts.temperature]), top_k=torch.tensor([opts.top_k]),
                   top_p=torch.tensor([opts.top_p]))
-    return timed(lambda: e.run(**inputs), repeats)
+    return median_seconds(lambda: e.run(**inputs), repeats)
 
 
 def runtime_split(pipe: Pipeline, tree: TreeShape) -> dict:

@@ -34,7 +34,8 @@ class TreeChoice:
     predicted_seconds: float
 
 
-def _time(fn, repeats: int) -> float:
+def median_seconds(fn, repeats: int) -> float:
+    """Median wall time of ``fn`` over ``repeats`` calls after one untimed call."""
     fn()
     samples = []
     for _ in range(repeats):
@@ -59,7 +60,7 @@ def measure_verify_costs(pipe: Pipeline, sizes: list[int], repeats: int = 5) -> 
                       position_ids=torch.full((rows, t), cfg.max_positions - 1, device=e.device),
                       attn_mask=torch.ones(rows, 1, t, capacity + t, dtype=torch.bool, device=e.device),
                       past_kv=kv, cfg_mix=mix)
-        costs[t] = _time(lambda: e.graphs["target_verify"].run(**inputs), repeats)
+        costs[t] = median_seconds(lambda: e.graphs["target_verify"].run(**inputs), repeats)
     return costs
 
 
