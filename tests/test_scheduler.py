@@ -142,6 +142,39 @@ def test_a_failing_step_fails_its_requests_and_the_scheduler_goes_on(pipeline_fa
     _wait_idle(pipe)
 
 
+def test_a_failed_join_fails_only_the_newcomers(pipeline_factory, monkeypatch):
+    """Merging newcomers into a running batch fails (say, out of memory): the newcomers' futures settle with the
+    error at once, the running batch goes on and gets the tokens of a clean run, and the scheduler stays usable."""
+    pipe = pipeline_factory()
+    opts = dict(mode="vvs", skip_interval=2, temperature=1.0)
+    clean = pipe.generate(torch.tensor([1, 2]), seed=0, decode_images=False, **opts).tokens
+    stepping, release = threading.Event(), threading.Event()
+    step, combine = Speculation.step, Speculation.combine.__func__
+
+    def held(self):
+        stepping.set()
+        release.wait(30)
+        return step(self)
+
+    def failing(cls, parts):
+        if len(parts) > 1:
+            raise RuntimeError("out of memory while merging")
+        return combine(cls, parts)
+
+    monkeypatch.setattr(Speculation, "step", held)
+    monkeypatch.setattr(Speculation, "combine", classmethod(failing))
+    first = pipe.submit(torch.tensor([1, 2]), seed=0, **opts)
+    assert stepping.wait(30), "the first request never started"
+    joining = pipe.submit(torch.tensor([3]), seed=5, **opts)
+    release.set()
+    with pytest.raises(RuntimeError, match="out of memory while merging"):
+        joining.result(30)
+    assert torch.equal(first.result(60).tokens, clean)
+    _wait_idle(pipe)
+    monkeypatch.undo()
+    assert pipe.generate(torch.tensor([3]), seed=5, decode_images=False, **opts).tokens.shape[0] == 1
+
+
 def test_a_hung_step_shows_as_stalled_and_an_idle_scheduler_does_not(pipeline_factory, monkeypatch):
     pipe = pipeline_factory()
     release = threading.Event()

@@ -195,7 +195,13 @@ class Scheduler:
                 self.running[opts] = Running(loop, owners)
             else:
                 everyone = torch.arange(len(running.owners), device=d.dev)
-                merged = type(loop).combine([(running.loop, everyone), (loop, d.arange)])
+                try:
+                    merged = type(loop).combine([(running.loop, everyone), (loop, d.arange)])
+                except Exception as error:  # noqa: BLE001 - the newcomers get it; the running batch is untouched
+                    self.engines.release(leases)
+                    for request, _ in owners:
+                        request.fail(error)
+                    continue
                 self.running[opts] = Running(merged, running.owners + owners)
 
     def _step(self, key: DecodeOptions) -> None:
