@@ -1,0 +1,39 @@
+"""A joint goodness-of-fit test for samplers that claim to draw exactly from the target.
+
+Each token of a generated image is mapped through its own conditional distribution under the target, given the
+image's earlier tokens (teacher forcing, with the same guidance and filters): ``U = F(x - 1) + V·p(x)`` with ``F``
+the conditional's CDF and ``V`` a fresh uniform (the randomised probability integral transform). When every token
+is drawn from that conditional, all the ``U`` of all positions of all images are independent and uniform on
+[0, 1) — the chain rule makes this a statement about whole images, not per-position marginals — so one
+Kolmogorov-Smirnov test over them sees errors that show only jointly (a draw that depends on an earlier
+acceptance's uniform, a residual left unnormalised, an acceptance against the wrong power of p)."""
+from __future__ import annotations
+
+import torch
+from scipy import stats
+
+from vvs.runtime.sampling import Processor, cfg_matrix, mix
+
+
+def conditionals(pipe, conditions: torch.Tensor, tokens: torch.Tensor, cfg_scale: float, temperature: float,
+                 top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """``[n, N, V]``: the target's processed distribution of every token given the image's earlier tokens."""
+    target = pipe.engines.graphs["target_verify"].module.target
+    n = len(tokens)
+    rows = torch.cat([conditions, target.null_condition(n)]) if cfg_scale > 1 else conditions
+    prefix = tokens[:, :-1]
+    with torch.no_grad():
+        out = target.teacher_forced(rows, prefix.repeat(rows.shape[0] // n, 1))
+    return Processor(temperature, top_k, top_p).probs(mix(cfg_matrix(n, cfg_scale), out.logits))
+
+
+def pit_pvalues(probs: torch.Tensor, tokens: torch.Tensor, seed: int = 0) -> tuple[float, float]:
+    """KS p-values of the randomised PIT values of ``tokens [n, N]`` under ``probs [n, N, V]``: all positions
+    jointly, and the worst single position (Bonferroni-adjusted over the N positions)."""
+    px = probs.gather(-1, tokens[..., None]).squeeze(-1)
+    below = probs.cumsum(-1).gather(-1, tokens[..., None]).squeeze(-1) - px
+    v = torch.rand(tokens.shape, generator=torch.Generator().manual_seed(seed), dtype=probs.dtype)
+    u = (below + v * px).clamp(0, 1).double().numpy()
+    joint = stats.kstest(u.reshape(-1), "uniform").pvalue
+    worst = min(stats.kstest(u[:, pos], "uniform").pvalue for pos in range(u.shape[1])) * u.shape[1]
+    return float(joint), float(min(worst, 1.0))
