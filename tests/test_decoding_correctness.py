@@ -163,6 +163,32 @@ def test_a_skipping_image_leaves_the_verify_batch(pipe, monkeypatch):
     assert min(rows) < max(rows)
 
 
+def test_subset_verification_holds_one_extra_kv_whatever_the_subsets(pipeline_factory, monkeypatch):
+    """Images that skip leave the verify batch, whose KV rows are gathered into a buffer; a long mixed run meets
+    many subset sizes, and each batch leases one such buffer the size of its own KV, not one per subset size."""
+    pipe = pipeline_factory(max_batch=8)
+    graph = pipe.engines.graphs["target_verify"]
+    run, sizes = graph.run, set()
+
+    def counting(**inputs):
+        sizes.add(inputs["input_ids"].shape[0])
+        return run(**inputs)
+
+    monkeypatch.setattr(graph, "run", counting)
+    pipe.engines.buffers.clear()
+    pipe.generate(torch.arange(8) % 10, mode="vvs", seed=0, temperature=1.0, cfg_scale=2.0, skip_policy="dynamic",
+                  sim_threshold=0.3, decode_images=False)
+    monkeypatch.undo()
+    assert len(sizes) >= 4, "the run should meet several subset sizes"
+    pooled = {key: len(bufs) for key, bufs in pipe.engines.buffers.items()}
+    # finished images leave the batch, so the run held batches of several sizes: per size, one target KV and at
+    # most one subset buffer of exactly its shape
+    assert {name for name, _ in pooled} == {"target_kv", "target_kv_subset", "drafter_kv"}
+    subsets = {shape for name, shape in pooled if name == "target_kv_subset"}
+    assert subsets and subsets <= {shape for name, shape in pooled if name == "target_kv"}
+    assert all(count == 1 for count in pooled.values())
+
+
 # ---------------------------------------------------------------------- the skip decision and the skipped path
 
 

@@ -25,6 +25,7 @@ images of several batches (same options) into one batch at a cycle boundary, and
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -109,7 +110,7 @@ class Decoding:
         self.leases: list = []  # this batch's cache buffers, returned to the engine set afterwards
         self.clock = Stopwatch(self.dev)
         self.arange = torch.arange(n, device=self.dev)
-        self.subset_kv: dict[int, torch.Tensor] = {}
+        self.subset_kv: torch.Tensor | None = None
 
     def _kv_buffer(self) -> torch.Tensor:
         cfg = self.cfg
@@ -192,11 +193,7 @@ class Decoding:
         m = images.numel()
         sub = RowLayout(m, guided=self.layout.groups == 2)
         rows = self.layout.row_ids(images)
-        kv = self.subset_kv.get(m)
-        if kv is None:  # one buffer per subset size keeps addresses fixed (CUDA graphs, TensorRT)
-            shape = list(self.kv.kv.shape)
-            shape[2] = sub.rows
-            kv = self.subset_kv[m] = self.engines.cache_buffer(f"target_kv_subset{m}", tuple(shape), self.leases)
+        kv = self._subset_kv(sub.rows)
         torch.index_select(self.kv.kv, 2, rows, out=kv)
         out = self.engines.graphs["target_verify"].run(
             input_ids=sub.expand(new_ids[images]), position_ids=sub.expand(positions[images]),
@@ -209,6 +206,15 @@ class Decoding:
         new_kv = out["new_kv"].new_zeros(*out["new_kv"].shape[:2], self.layout.rows, *out["new_kv"].shape[3:])
         new_kv[:, :, rows] = out["new_kv"]
         return {"logits": logits, "hidden": hidden, "new_kv": new_kv}
+
+    def _subset_kv(self, rows: int) -> torch.Tensor:
+        """A KV buffer for ``rows`` batch rows: the leading elements of one buffer sized for the whole batch, so a
+        batch holds one extra KV whatever subset sizes it meets, and the address stays fixed (TensorRT binds it)."""
+        if self.subset_kv is None:
+            self.subset_kv = self.engines.cache_buffer("target_kv_subset", tuple(self.kv.kv.shape), self.leases)
+        shape = list(self.kv.kv.shape)
+        shape[2] = rows
+        return self.subset_kv.view(-1)[: math.prod(shape)].view(shape)
 
     def append_tokens(self, values: torch.Tensor, count: torch.Tensor) -> None:
         """Commit ``values[i, :count[i]]`` after image i's tokens."""
