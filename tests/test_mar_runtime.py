@@ -109,8 +109,8 @@ def test_options_are_checked(pipe):
         pipe.generate([0], mode="vvs")
     with pytest.raises(OptionsError, match="temperature=0.0: must be > 0"):
         pipe.generate([0], temperature=0.0)
-    with pytest.raises(OptionsError, match="accept_temperature=0.5: must be >= 1"):
-        pipe.generate([0], accept_temperature=0.5)
+    with pytest.raises(OptionsError, match="accept_rule='tempered': choose one of exact, trajectory, official"):
+        pipe.generate([0], accept_rule="tempered")
     with pytest.raises(OptionsError, match="class id 4 is out of range"):
         pipe.generate([4])
 
@@ -124,17 +124,24 @@ def test_draft_must_share_the_targets_tokens(models):
 def test_onnxruntime_folder_matches_torch(folder, pipe):
     manifest = read_manifest(folder)
     assert manifest["model"]["family"] == "mar" and set(manifest["graphs"]) == {
-        "target_forward", "target_head", "draft_forward", "draft_head", "latent_decode"}
+        "target_forward", "target_head", "target_head_steps", "draft_forward", "draft_head", "draft_head_steps",
+        "latent_decode"}
     engines = load_engines(folder)
     assert isinstance(engines, MAREngineSet) and engines.backend == "onnxruntime"
     ort = MARPipeline(engines)
-    for mode in ("ar", "cspd"):
-        a = ort.generate([1, 2], mode=mode, seed=3)
-        b = pipe.generate([1, 2], mode=mode, seed=3)
+    for mode, rule in (("ar", "exact"), ("cspd", "exact"), ("cspd", "official"), ("cspd", "trajectory")):
+        a = ort.generate([1, 2], mode=mode, seed=3, accept_rule=rule)
+        b = pipe.generate([1, 2], mode=mode, seed=3, accept_rule=rule)
+        assert [s.accept_lengths for s in a.stats] == [s.accept_lengths for s in b.stats]
+        close = torch.isclose(a.tokens, b.tokens, atol=1e-3, rtol=2e-3)
+        if rule == "trajectory":
+            # a redraw tries target chains against chain densities whose last steps are ~1e-3 wide: rounding can
+            # move a try across its acceptance bound and pick another chain, for an occasional token
+            assert close.all(-1).float().mean() > 0.95
+            continue
         # the random heads amplify rounding through the sampler's steps (latents reach ~50): compare relatively
         torch.testing.assert_close(a.tokens, b.tokens, atol=1e-3, rtol=2e-3)
         torch.testing.assert_close(a.images, b.images, atol=1e-3, rtol=1e-3)
-        assert [s.accept_lengths for s in a.stats] == [s.accept_lengths for s in b.stats]
     torch_folder = MARPipeline(load_engines(folder, backend="torch"))
     torch.testing.assert_close(torch_folder.generate([1], seed=4).tokens, pipe.generate([1], seed=4).tokens)
 

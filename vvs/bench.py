@@ -35,7 +35,7 @@ SWEEP_KEYS = {
     "draft_top_k": ("sd", "lantern", "vvs", "vvs-uniform", "vvs-dynamic"),
     "draft_steps": ("cspd",),
     "num_iter": ("ar", "cspd"),
-    "accept_temperature": ("cspd",),
+    "accept_rule": ("cspd",),
 }
 OPTION_OF = {"delta": "lantern_delta"}
 
@@ -56,7 +56,7 @@ def parse_sweep(items: tuple[str, ...]) -> dict[str, list]:
         key, _, values = item.partition("=")
         if key not in SWEEP_KEYS or not values:
             raise VVSError(f"option --sweep {item!r}: use KEY=V1,V2 with KEY one of {', '.join(SWEEP_KEYS)}")
-        cast = float if key in ("sim_threshold", "delta", "accept_temperature") else int
+        cast = {"sim_threshold": float, "delta": float, "accept_rule": str}.get(key, int)
         try:
             sweep[key] = [cast(v) for v in values.split(",")]
         except ValueError:

@@ -15,7 +15,7 @@ import click
 from vvs.errors import VVSError
 from dataclasses import fields
 
-from vvs.runtime.options import MAR_MODE_NAMES, MODE_NAMES, DecodeOptions, MAROptions, OptionsError
+from vvs.runtime.options import ACCEPT_RULES, MAR_MODE_NAMES, MODE_NAMES, DecodeOptions, MAROptions, OptionsError
 
 
 def _main(command: click.Command, prog: str) -> None:
@@ -184,8 +184,11 @@ DECODING_FLAGS = {
     "--lantern-delta": ("lantern_delta", float, "LANTERN: total-variation budget δ."),
     "--num-iter": ("num_iter", int, "MAR: generation steps."),
     "--draft-steps": ("draft_steps", int, "MAR cspd: draft steps per verification."),
-    "--accept-temperature": ("accept_temperature", float, "MAR cspd: 1 = exact acceptance; above 1 tempers the "
-                                                         "density ratio (lossy; the official release uses 42)."),
+    "--accept-rule": ("accept_rule", click.Choice(ACCEPT_RULES),
+                      "MAR cspd acceptance: exact (last denoising step) and trajectory (the whole aligned chain) are "
+                      "lossless; official is the released code's rule (lossy), for comparing with the paper."),
+    "--official-windows": ("official_windows", bool, "MAR cspd: verify at steps that are multiples of "
+                           "--draft-steps, each window guided by its last step's scale, as the release."),
 }
 FLAG_OF = {field: flag for flag, (field, _, _) in DECODING_FLAGS.items()}
 
@@ -195,7 +198,7 @@ def _published(field: str):
 
 
 decoding_options = [
-    click.option(flag, field, type=kind, default=None,
+    click.option(flag, field, default=None, **({"is_flag": True} if kind is bool else {"type": kind}),
                  help=f"{text} Default: the engine folder's (published: {_published(field)}).")
     for flag, (field, kind, text) in DECODING_FLAGS.items()
 ]
@@ -407,7 +410,7 @@ def run_main():
 @click.option("--batch-size", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Images decoded together (1 = latency).")
 @click.option("--sweep", multiple=True, help="KEY=V1,V2 (skip_interval, sim_threshold, delta, lantern_k, tree_size, "
-                                             "depth, draft_top_k; MAR: num_iter, draft_steps, accept_temperature); "
+                                             "depth, draft_top_k; MAR: num_iter, draft_steps, accept_rule); "
                                              "repeatable, one key at a time.")
 @with_decoding_options
 @click.option("--threads", type=click.IntRange(1, 1024), default=None, help="CPU threads for the backend.")

@@ -1,4 +1,4 @@
-"""MAR engine sets: the five graphs of :mod:`vvs.export.mar_graphs` behind the same :class:`Engine` interface as
+"""MAR engine sets: the seven graphs of :mod:`vvs.export.mar_graphs` behind the same :class:`Engine` interface as
 the LlamaGen graphs, on the torch backend (eager modules) or ONNX Runtime (an engine folder)."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from vvs.export.mar_graphs import build_mar_graphs, mar_graph_specs, sampling_st
 from vvs.models.mar import MAR, MARConfig
 from vvs.runtime.options import MAROptions
 
-MAR_GRAPHS = ("target_forward", "target_head", "draft_forward", "draft_head", "latent_decode")
+MAR_GRAPHS = ("target_forward", "target_head", "target_head_steps", "draft_forward", "draft_head", "draft_head_steps",
+              "latent_decode")
 TORCH_WEIGHTS = {"target": "torch_target.safetensors", "draft": "torch_draft.safetensors",
                  "tokenizer": "torch_tokenizer.safetensors"}
 

@@ -5,12 +5,14 @@
   serves every step, every order, and rows at different steps.
 - ``target_head`` / ``draft_head``: the diffusion head's whole sampler for ``tokens`` tokens, unrolled (its step
   count is fixed by the model): conditions, guidance per token, temperature, and every noise it uses in; the last
-  step's Gaussian and the sample out. ``bench/mar_head.py`` measures this against one graph call per step.
+  step's Gaussian, the sample and the whole denoising chain out. ``bench/mar_head.py`` measures this against one
+  graph call per step.
+- ``target_head_steps`` / ``draft_head_steps``: the head's Gaussian of every step along a given chain, all steps in
+  one batch (CSpD's trajectory test needs each model's density of the other's chain).
 - ``latent_decode``: latents ``[images, L, C]`` -> images in [0, 1].
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from vvs.export.spec import GraphSpec, TensorSpec
@@ -36,7 +38,15 @@ def mar_graph_specs(target: MARConfig, draft: MARConfig, image_size: int) -> dic
             TensorSpec("temperature", "float32", ("tokens",)),
             TensorSpec("noise", "float32", ("tokens", C)),
             TensorSpec("step_noise", "float32", ("tokens", steps, C)),
-        ), tuple(TensorSpec(name, "float32", ("tokens", C)) for name in ("mean", "std", "sample")))
+        ), (*(TensorSpec(name, "float32", ("tokens", C)) for name in ("mean", "std", "sample")),
+             TensorSpec("chain", "float32", ("tokens", steps + 1, C))))
+        specs[f"{role}_head_steps"] = GraphSpec(f"{role}_head_steps", (
+            TensorSpec("z_cond", "float32", ("tokens", D)),
+            TensorSpec("z_uncond", "float32", ("tokens", D)),
+            TensorSpec("cfg", "float32", ("tokens",)),
+            TensorSpec("temperature", "float32", ("tokens",)),
+            TensorSpec("chain", "float32", ("tokens", steps + 1, C)),
+        ), tuple(TensorSpec(name, "float32", ("tokens", steps, C)) for name in ("mean", "std")))
     specs["latent_decode"] = GraphSpec("latent_decode", (
         TensorSpec("latents", "float32", ("images", L, C)),
     ), (TensorSpec("image", "float32", ("images", 3, image_size, image_size)),))
@@ -65,6 +75,15 @@ class HeadGraph(nn.Module):
         return self.diffloss.sample(noise, step_noise, temperature, z_cond, z_uncond, cfg)
 
 
+class HeadStepsGraph(nn.Module):
+    def __init__(self, model: MAR):
+        super().__init__()
+        self.diffloss = model.diffloss
+
+    def forward(self, z_cond, z_uncond, cfg, temperature, chain):
+        return self.diffloss.steps(chain, temperature, z_cond, z_uncond, cfg)
+
+
 class LatentDecodeGraph(nn.Module):
     """``tokenizer.decode`` takes the model's (scaled) latents ``[B, C, h, w]``."""
 
@@ -79,6 +98,9 @@ class LatentDecodeGraph(nn.Module):
 
 def build_mar_graphs(target: MAR, draft: MAR, tokenizer: nn.Module) -> dict[str, nn.Module]:
     c = target.config
-    return {"target_forward": ForwardGraph(target).eval(), "target_head": HeadGraph(target).eval(),
-            "draft_forward": ForwardGraph(draft).eval(), "draft_head": HeadGraph(draft).eval(),
-            "latent_decode": LatentDecodeGraph(tokenizer, c.vae_embed_dim, c.patch_size).eval()}
+    graphs = {}
+    for role, model in (("target", target), ("draft", draft)):
+        graphs.update({f"{role}_forward": ForwardGraph(model).eval(), f"{role}_head": HeadGraph(model).eval(),
+                       f"{role}_head_steps": HeadStepsGraph(model).eval()})
+    graphs["latent_decode"] = LatentDecodeGraph(tokenizer, c.vae_embed_dim, c.patch_size).eval()
+    return graphs

@@ -116,11 +116,12 @@ class DiffLoss(nn.Module):
         vb = torch.where(t == 0, nll, kl) / math.log(2.0)
         return mse + vb
 
-    def step(self, x, i: int, z_cond, z_uncond=None, cfg=None):
-        """The Gaussian of ``x_{i-1} | x_i`` (mean, log-variance). With ``z_uncond`` and ``cfg [N]``: classifier-free
-        guidance on epsilon, the conditional half's variance (as MAR's ``forward_with_cfg``)."""
+    def step(self, x, i, z_cond, z_uncond=None, cfg=None):
+        """The Gaussian of ``x_{i-1} | x_i`` (mean, log-variance) for a step ``i``, or one step per row ``i [N]``.
+        With ``z_uncond`` and ``cfg [N]``: classifier-free guidance on epsilon, the conditional half's variance (as
+        MAR's ``forward_with_cfg``)."""
         s, n, c = self.sample_schedule, x.shape[0], self.in_channels
-        t = torch.full_like(x[:, 0], float(s.timesteps[i]))  # the network sees the original timestep
+        t = s.at(s.timestep_table, i, x).reshape(-1).expand(n)  # the network sees the original timestep
         if z_uncond is None:
             out = self.net(x, t, z_cond)
             eps, var_values = out[:, :c], out[:, c:]
@@ -132,12 +133,31 @@ class DiffLoss(nn.Module):
 
     def sample(self, noise, step_noise, temperature, z_cond, z_uncond=None, cfg=None):
         """Denoise ``noise [N, C]`` with ``step_noise [N, S, C]`` (column k drives the k-th of the S steps, the last
-        one included). Returns the last step's Gaussian (mean, std — temperature applied) and the sample drawn from
-        it with the last column."""
+        one included). Returns the last step's Gaussian (mean, std — temperature applied), the sample drawn from
+        it with the last column, and the whole chain ``[N, S + 1, C]`` (the noise first, the sample last)."""
         x = noise
+        chain = [x]
         steps = self.sample_schedule.num_steps
         for k in range(steps):
             mean, log_var = self.step(x, steps - 1 - k, z_cond, z_uncond, cfg)
             std = torch.exp(0.5 * log_var) * temperature[:, None]
             x = mean + std * step_noise[:, k]
-        return mean, std, x
+            chain.append(x)
+        return mean, std, x, torch.stack(chain, 1)
+
+    def steps(self, chain, temperature, z_cond, z_uncond=None, cfg=None):
+        """The Gaussians of every step along a given ``chain [N, S + 1, C]``: ``mean, std [N, S, C]``, the k-th
+        being the law of ``chain[:, k + 1]`` given ``chain[:, k]``. The steps are independent given the chain, so
+        all of them run as one batch (the density of a whole trajectory costs one network call, not S)."""
+        n, length, c = chain.shape
+        steps = length - 1
+        i = torch.arange(steps - 1, -1, -1, device=chain.device)[None].expand(n, steps).reshape(-1)
+
+        def per_step(t):
+            return t[:, None].expand(n, steps, *t.shape[1:]).reshape(n * steps, *t.shape[1:])
+
+        x = chain[:, :steps].reshape(n * steps, c)
+        mean, log_var = self.step(x, i, per_step(z_cond), None if z_uncond is None else per_step(z_uncond),
+                                  None if cfg is None else per_step(cfg))
+        std = torch.exp(0.5 * log_var) * per_step(temperature)[:, None]
+        return mean.view(n, steps, c), std.view(n, steps, c)

@@ -52,6 +52,7 @@ class Schedule:
         post_var = betas * (1.0 - prev) / (1.0 - alpha_bar)
         self.timesteps = timesteps
         self.num_steps = len(timesteps)
+        self.timestep_table = torch.tensor(timesteps, dtype=torch.float64)
 
         def t64(a):
             return torch.tensor(a, dtype=torch.float64)

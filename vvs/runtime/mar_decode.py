@@ -19,13 +19,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-from vvs.runtime.cspd import accept, residual_sample
+from vvs.runtime.cspd import (Gaussian, chain_log_density, keep, log_density, official_factor, official_log_ratio,
+                              residual_sample, success)
 from vvs.runtime.options import MAROptions
 from vvs.runtime.random import ImageRandom
 from vvs.runtime.stats import ImageStats, Stopwatch
+
+
+CHAIN_TRIES_PER_ROUND = 4  # residual chains tried per pending token and round (trajectory rule)
 
 
 class MaskSchedule:
@@ -55,12 +60,44 @@ class MaskSchedule:
         return 1 + (opts.cfg_scale - 1) * (self.seq_len - self.guidance_len[step]) / self.seq_len
 
 
+class HeadOut(NamedTuple):
+    """What a diffusion head gave tokens ``[n, k]``: the last step's Gaussian, the sample, the whole chain."""
+
+    last: Gaussian  # [n, k, C]
+    sample: torch.Tensor  # [n, k, C]
+    chain: torch.Tensor  # [n, k, S + 1, C]
+
+    @classmethod
+    def cat(cls, parts: list["HeadOut"]) -> "HeadOut":
+        return cls(Gaussian(*(torch.cat([getattr(h.last, f) for h in parts], 1) for f in ("mean", "std"))),
+                   torch.cat([h.sample for h in parts], 1), torch.cat([h.chain for h in parts], 1))
+
+
+class Conditions(NamedTuple):
+    """A transformer's outputs at chosen tokens, flattened to rows ``[m, D]``, and each token's guidance."""
+
+    cond: torch.Tensor
+    uncond: torch.Tensor
+    cfg: torch.Tensor  # [m]
+
+    def rows(self, index: torch.Tensor) -> "Conditions":
+        return Conditions(self.cond[index], self.uncond[index], self.cfg[index])
+
+    @classmethod
+    def cat(cls, parts: list["Conditions"], k: list[int]) -> "Conditions":
+        """Concatenate per-image blocks: part j holds ``[n * k[j]]`` rows, image-major."""
+        def join(name):
+            blocks = [getattr(c, name).view(-1, kj, *getattr(c, name).shape[1:]) for c, kj in zip(parts, k)]
+            return torch.cat(blocks, 1).flatten(0, 1)
+
+        return cls(join("cond"), join("uncond"), join("cfg"))
+
+
 @dataclass
 class Drafted:
     positions: torch.Tensor  # [n, k]
-    mean: torch.Tensor  # [n, k, C] the draft's last-step Gaussian
-    std: torch.Tensor
-    cfg: float
+    head: HeadOut  # the draft's
+    conditions: Conditions  # the draft's, at those tokens
 
 
 class MARDecoder:
@@ -94,76 +131,175 @@ class MARDecoder:
             labels, tokens, known_rows = torch.cat([labels, null]), tokens.repeat(2, 1, 1), known.repeat(2, 1)
         return self.engines.graphs[f"{role}_forward"].run(tokens=tokens, mask=~known_rows, labels=labels)["z"]
 
-    def head(self, role: str, z: torch.Tensor, positions: torch.Tensor, cfg: torch.Tensor):
-        """The diffusion head of ``role`` for the tokens at ``positions [n, k]`` with guidance ``cfg [n, k]``:
-        the last step's Gaussian (mean, std) and the sample drawn from it, each ``[n, k, C]``."""
+    def conditions(self, z: torch.Tensor, positions: torch.Tensor, cfg: torch.Tensor) -> Conditions:
+        """``z`` at ``positions [n, k]`` with guidance ``cfg [n, k]``, as rows ``[n * k, ...]``."""
+        n = positions.shape[0]
+        cond = _at(z[:n], positions).flatten(0, 1)
+        uncond = _at(z[n:], positions).flatten(0, 1) if self.opts.guided else cond
+        return Conditions(cond, uncond, cfg.flatten().float())
+
+    def sample_head(self, role: str, c: Conditions, noise: torch.Tensor, step_noise: torch.Tensor) -> dict:
+        """The diffusion sampler of ``role`` over rows."""
+        return self.engines.graphs[f"{role}_head"].run(
+            z_cond=c.cond, z_uncond=c.uncond, cfg=c.cfg, temperature=self._temperature(len(c.cfg)), noise=noise,
+            step_noise=step_noise)
+
+    def head_steps(self, role: str, c: Conditions, chain: torch.Tensor) -> Gaussian:
+        """``role``'s Gaussian of every step along ``chain [m, S + 1, C]`` (rows)."""
+        out = self.engines.graphs[f"{role}_head_steps"].run(
+            z_cond=c.cond, z_uncond=c.uncond, cfg=c.cfg, temperature=self._temperature(len(c.cfg)), chain=chain)
+        return Gaussian(out["mean"], out["std"])
+
+    def head(self, role: str, c: Conditions, positions: torch.Tensor) -> HeadOut:
+        """The sampler of ``role`` for the tokens at ``positions [n, k]``, with their shared noise."""
         n, k = positions.shape
-        C = self.tokens.shape[-1]
+        out = self.sample_head(role, c, _at(self.noise, positions).flatten(0, 1),
+                               _at(self.step_noise, positions).flatten(0, 1))
+        shaped = {name: v.view(n, k, *v.shape[1:]) for name, v in out.items()}
+        return HeadOut(Gaussian(shaped["mean"], shaped["std"]), shaped["sample"], shaped["chain"])
 
-        def rows(t):
-            return t.gather(1, positions.view(n, k, *([1] * (t.dim() - 2))).expand(n, k, *t.shape[2:])).flatten(0, 1)
-
-        z_cond = rows(z[:n])
-        z_uncond = rows(z[n:]) if self.opts.guided else z_cond
-        out = self.engines.graphs[f"{role}_head"].run(
-            z_cond=z_cond, z_uncond=z_uncond, cfg=cfg.flatten().float(),
-            temperature=torch.full((n * k,), self.opts.temperature, device=self.device),
-            noise=rows(self.noise), step_noise=rows(self.step_noise))
-        return tuple(out[name].view(n, k, C) for name in ("mean", "std", "sample"))
+    def _temperature(self, rows: int) -> torch.Tensor:
+        return torch.full((rows,), self.opts.temperature, device=self.device)
 
     def write(self, positions: torch.Tensor, values: torch.Tensor) -> None:
         self.tokens.scatter_(1, positions[..., None].expand_as(values), values)
         self.known.scatter_(1, positions, True)
 
-    def generate_step(self, role: str, step: int, positions: torch.Tensor):
+    def generate_step(self, role: str, step: int, positions: torch.Tensor) -> Drafted:
         self.watch.section("verify" if role == "target" else "draft")
         z = self.features(role, self.known)
-        cfg = torch.full(positions.shape, self.schedule.cfg(step, self.opts), device=self.device)
-        mean, std, sample = self.head(role, z, positions, cfg)
+        c = self.conditions(z, positions, torch.full(positions.shape, self.schedule.cfg(step, self.opts),
+                                                     device=self.device))
+        out = self.head(role, c, positions)
         self.watch.section("other")
         before = int(self.known[0].sum())
-        self.write(positions, sample)
+        # the released CSpD keeps MAR's sampler, whose last step returns its mean
+        self.write(positions, out.last.mean if self.opts.accept_rule == "official" else out.sample)
         for s in self.stats:
             s.trace.append([role, before, positions.shape[1]])
             if role == "target":
                 s.target_forwards += 1
             else:
                 s.drafter_forwards += 1
-        return mean, std
+        return Drafted(positions, out, c)
 
     # ------------------------------------------------------------------ verification
 
-    def verify(self, drafted: list[Drafted], context: torch.Tensor) -> None:
+    def verify(self, drafted: list[Drafted], context: torch.Tensor, step: int) -> None:
+        """One target forward over the context of the previous verification; every drafted token is tested by the
+        options' rule and, if rejected, redrawn from the residual."""
         positions = torch.cat([d.positions for d in drafted], 1)
-        mean_q = torch.cat([d.mean for d in drafted], 1)
-        std_q = torch.cat([d.std for d in drafted], 1)
-        cfg = torch.cat([torch.full(d.positions.shape, d.cfg, device=self.device) for d in drafted], 1)
+        n, k = positions.shape
+        draft = HeadOut.cat([d.head for d in drafted])
+        q_cond = Conditions.cat([d.conditions for d in drafted], [d.positions.shape[1] for d in drafted])
+        cfg = q_cond.cfg.view(n, k)
+        if self.opts.official_windows:  # the release guides every token of a window with its last step's scale
+            cfg = torch.full_like(cfg, self.schedule.cfg(step, self.opts))
         self.watch.section("verify")
-        z = self.features("target", context)
-        mean_p, std_p, _ = self.head("target", z, positions, cfg)
+        p_cond = self.conditions(self.features("target", context), positions, cfg)
+        target = self.head("target", p_cond, positions)
         self.watch.section("other")
-        n, k, C = mean_q.shape
-        x = self.tokens.gather(1, positions[..., None].expand(n, k, C))
+        x = _at(self.tokens, positions)
         uniforms = self.random.uniform(k).to(self.device)
-        kept = accept(x, mean_q, std_q, mean_p, std_p, uniforms, self.opts.accept_temperature)
-        tries = self.opts.max_residual_tries
+        rule = self.opts.accept_rule
+        if rule == "exact":
+            kept = keep(log_density(x, target.last) - log_density(x, draft.last), uniforms)
+            redrawn, fallbacks = self.redraw_last_step(~kept, target.last, draft.last, 0.0)
+        elif rule == "trajectory":
+            chains = draft.chain.flatten(0, 1)
+            log_p = chain_log_density(chains, self.head_steps("target", p_cond, chains)).view(n, k)
+            log_q = chain_log_density(chains, self.head_steps("draft", q_cond, chains)).view(n, k)
+            kept = keep(log_p - log_q, uniforms)
+            redrawn, fallbacks = self.redraw_chains(~kept, positions, p_cond, q_cond)
+        else:
+            factor = official_factor(self.log_std("draft", draft.chain, q_cond),
+                                     self.log_std("target", target.chain, p_cond)).view(n, k)
+            kept = keep(official_log_ratio(x, draft.last, target.last) + factor, uniforms)
+            redrawn, fallbacks = self.redraw_last_step(~kept, target.last, draft.last, -factor)
+        x = torch.where(kept[..., None], x, redrawn.to(x.dtype))
         for i, s in enumerate(self.stats):
-            rejected = (~kept[i]).nonzero().flatten()
-            if len(rejected):
-                g = self.random.gens[i]
-                normals = torch.randn(len(rejected), tries + 1, C, generator=g).to(self.device)
-                u = torch.rand(len(rejected), tries, generator=g).to(self.device)
-                redrawn = residual_sample(mean_p[i, rejected], std_p[i, rejected], mean_q[i, rejected],
-                                          std_q[i, rejected], normals, u)
-                x[i, rejected] = redrawn.sample.to(x.dtype)
-                s.residual_fallbacks += int(redrawn.fell_back.sum())
+            accepted = int(kept[i].sum())
+            s.residual_fallbacks += int(fallbacks[i])
             s.target_forwards += 1
             s.verified_lengths.append(k)
-            s.accept_lengths.append(k - len(rejected))
-            s.trace.append(["verify", k, k - len(rejected)])
-        self.tokens.scatter_(1, positions[..., None].expand(n, k, C), x)
+            s.accept_lengths.append(accepted)
+            s.trace.append(["verify", k, accepted])
+        self.tokens.scatter_(1, positions[..., None].expand(n, k, x.shape[-1]), x)
+
+    def log_std(self, role: str, chain: torch.Tensor, c: Conditions) -> torch.Tensor:
+        """Sum of log sigma (untempered) over every step but the last of ``role``'s own ``chain [n, k, S + 1, C]``:
+        the release's trajectory term, ``[n * k]``."""
+        std = self.head_steps(role, c, chain.flatten(0, 1)).std[:, :-1].double() / self.opts.temperature
+        return torch.log(std).sum((1, 2))
+
+    def redraw_chains(self, rejected: torch.Tensor, positions: torch.Tensor, p: Conditions,
+                      q: Conditions) -> tuple[torch.Tensor, list[int]]:
+        """Rejected tokens redrawn from ``max(0, P - Q)`` over denoising chains: target chains from the token's
+        shared start, fresh step noise, each kept with probability ``1 - Q / P``. Tries run in rounds over every
+        pending token of the batch; each image draws its noise from its own stream, in its own order."""
+        n, k = rejected.shape
+        steps, C = self.engines.sampling_steps, self.tokens.shape[-1]
+        start = _at(self.noise, positions).flatten(0, 1)
+        values = torch.zeros(n * k, C, device=self.device)
+        pending = rejected.flatten().clone()
+        tries = 0
+
+        def draw(rows: torch.Tensor, per_row: int, shape: tuple, uniform: bool) -> torch.Tensor:
+            counts = torch.bincount(rows // k, minlength=n).tolist()
+            fn = torch.rand if uniform else torch.randn
+            return torch.cat([fn(c, per_row, *shape, generator=g) for c, g in zip(counts, self.random.gens) if c]
+                             ).to(self.device)
+
+        while pending.any() and tries < self.opts.max_residual_tries:
+            per_row = min(CHAIN_TRIES_PER_ROUND, self.opts.max_residual_tries - tries)
+            rows = pending.nonzero().flatten()  # image-major, as the draws are
+            normals, u = draw(rows, per_row, (steps, C), False), draw(rows, per_row, (), True)
+            each = rows.repeat_interleave(per_row)
+            chains = self.sample_head("target", p.rows(each), start[each], normals.flatten(0, 1))["chain"]
+            log_p = chain_log_density(chains, self.head_steps("target", p.rows(each), chains))
+            log_q = chain_log_density(chains, self.head_steps("draft", q.rows(each), chains))
+            ok = success((log_q - log_p).view(-1, per_row), u)
+            got = ok.any(1)
+            first = ok.long().argmax(1)
+            values[rows[got]] = chains.view(len(rows), per_row, steps + 1, C)[got, first[got], -1]
+            pending[rows[got]] = False
+            tries += per_row
+        rows = pending.nonzero().flatten()
+        if len(rows):  # tries exhausted: a fresh sample of the target, counted
+            normals = draw(rows, 1, (steps, C), False)[:, 0]
+            values[rows] = self.sample_head("target", p.rows(rows), start[rows], normals)["sample"]
+        fallbacks = torch.bincount(rows // k, minlength=n).tolist()
+        return values.view(n, k, C), fallbacks
+
+    def redraw_last_step(self, rejected: torch.Tensor, p: Gaussian, q: Gaussian,
+                         log_q_scale) -> tuple[torch.Tensor, list[int]]:
+        """Rejected tokens redrawn from ``max(0, p - c q)`` of the last-step Gaussians, per image (the tries use
+        the image's own random stream)."""
+        tries = self.opts.max_residual_tries
+        values = torch.zeros_like(p.mean)
+        scale = torch.as_tensor(log_q_scale, dtype=torch.float64, device=self.device).expand(rejected.shape)
+        fallbacks = []
+        for i, g in enumerate(self.random.gens):
+            r = rejected[i].nonzero().flatten()
+            fallbacks.append(0)
+            if len(r):
+                C = p.mean.shape[-1]
+                normals = torch.randn(len(r), tries + 1, C, generator=g).to(self.device)
+                u = torch.rand(len(r), tries, generator=g).to(self.device)
+                out = residual_sample(Gaussian(p.mean[i, r], p.std[i, r]), Gaussian(q.mean[i, r], q.std[i, r]),
+                                      normals, u, scale[i, r])
+                values[i, r] = out.sample.to(values.dtype)
+                fallbacks[-1] = int(out.fell_back.sum())
+        return values, fallbacks
 
     # ------------------------------------------------------------------ the loop
+
+    def window_ends(self, step: int, drafted: int) -> bool:
+        """Verify after every ``draft_steps`` draft steps (the release: at steps that are multiples of it)."""
+        opts = self.opts
+        if step == opts.num_iter - 1:
+            return True
+        return step % opts.draft_steps == 0 if opts.official_windows else drafted == opts.draft_steps
 
     def run(self) -> torch.Tensor:
         """Decode; returns the latents ``[n, L, C]``."""
@@ -183,10 +319,9 @@ class MARDecoder:
                         s.prefill_forwards += 1
                 context = self.known.clone()
                 continue
-            mean, std = self.generate_step("draft", step, positions)
-            drafted.append(Drafted(positions, mean, std, self.schedule.cfg(step, opts)))
-            if len(drafted) == opts.draft_steps or step == opts.num_iter - 1:
-                self.verify(drafted, context)
+            drafted.append(self.generate_step("draft", step, positions))
+            if self.window_ends(step, len(drafted)):
+                self.verify(drafted, context, step)
                 drafted, context = [], self.known.clone()
         seconds = self.watch.take()
         n = len(self.stats)
@@ -196,3 +331,9 @@ class MARDecoder:
             s.verify_seconds += seconds["verify"] / n
             s.other_seconds += seconds["other"] / n
         return self.tokens
+
+
+def _at(t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``t [n, L, ...]`` at ``positions [n, k]``: ``[n, k, ...]``."""
+    n, k = positions.shape
+    return t.gather(1, positions.view(n, k, *([1] * (t.dim() - 2))).expand(n, k, *t.shape[2:]))

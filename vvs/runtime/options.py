@@ -197,6 +197,7 @@ class DecodeOptions(_Updatable):
 
 
 MAR_MODES = ("ar", "cspd")
+ACCEPT_RULES = ("exact", "trajectory", "official")  # vvs.runtime.cspd describes them
 MAR_MODE_NAMES = {mode: {"mode": mode} for mode in MAR_MODES}
 CFG_SCHEDULES = ("linear", "constant")
 
@@ -214,7 +215,8 @@ class MAROptions(_Updatable):
     prefill_ratio: float = 0.15  # the first steps (num_iter * ratio, and the step after) are the target's
     draft_steps: int = 8  # draft steps per verification (one target forward checks them all)
     max_residual_tries: int = 100  # acceptance-rejection tries for a rejected token before the defined fallback
-    accept_temperature: float = 1.0  # 1 = the exact (lossless) test; above 1 tempers p/q, keeping more drafts
+    accept_rule: str = "exact"  # exact | trajectory (both lossless) | official (the released rule, lossy)
+    official_windows: bool = False  # verify at multiples of draft_steps, guided by the window's last step (release)
 
     def __post_init__(self):
         def bad(name, why):
@@ -237,8 +239,8 @@ class MAROptions(_Updatable):
             bad("draft_steps", "must be >= 1")
         if self.max_residual_tries < 1:
             bad("max_residual_tries", "must be >= 1")
-        if self.accept_temperature < 1:
-            bad("accept_temperature", "must be >= 1 (1 is the exact test)")
+        if self.accept_rule not in ACCEPT_RULES:
+            bad("accept_rule", f"choose one of {', '.join(ACCEPT_RULES)}")
 
     def check_model(self, seq_len: int) -> None:
         if self.num_iter > seq_len:
