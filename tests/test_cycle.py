@@ -10,8 +10,10 @@ from reference_tree import ReferenceDrafter
 from vvs.engines.torch_backend import torch_engines
 from vvs.export.graphs import DrafterStep, Proposer
 from vvs.runtime.cache import KVCache, RowLayout
+from vvs.runtime.captured import CapturedCycle
 from vvs.runtime.decode import Decoding, Speculation, start
 from vvs.runtime.options import DecodeOptions, TreeShape
+from vvs.runtime.pipeline import Pipeline
 from vvs.runtime.sampling import Processor, cfg_matrix
 from vvs.runtime.tree import TreeDrafter
 
@@ -149,3 +151,47 @@ def test_options_outside_the_built_trees_are_refused_without_a_loader(pipe):
     engines.tree_loader = None
     with pytest.raises(Exception, match=r"built for trees 12x3x4 .*rebuild them with these as the decoding defaults"):
         engines.draft_tree(opts.updated(tree_size=5).tree)
+
+
+class RecordedCycle(CapturedCycle):
+    """:class:`CapturedCycle` with CUDA's recording stood in for (this machine has no GPU): the warm-up runs the
+    body, and a "graph" re-runs, at each replay, the body fixed at capture time, reading only the staged buffers —
+    what a replayed CUDA graph does. The staging, the keys and the subset verification are the real code."""
+
+    def warm_up(self, loop, key):
+        self.body(loop, key)
+
+    def capture(self, loop, key):
+        cycle = self
+
+        class Replay:
+            def replay(self):
+                cycle.body(loop, key)
+
+        return Replay()
+
+
+@pytest.mark.parametrize("options", MODES[1:])
+def test_the_captured_cycle_logic_equals_the_eager_loop(bundle_factory, monkeypatch, options):
+    """Tokens and forward counts of captured cycles equal the eager loop's for a batch where some images skip
+    while others verify; the captured verify forwards hold only the verifying images."""
+    import vvs.runtime.decode as decode
+
+    eager = Pipeline(torch_engines(bundle_factory()), DecodeOptions(**SMALL))
+    engines = torch_engines(bundle_factory())
+    engines.capture_cycles = True
+    captured = Pipeline(engines, DecodeOptions(**SMALL))
+    monkeypatch.setattr(decode, "CapturedCycle", RecordedCycle)
+    rows = []
+    graph = engines.graphs["target_verify"]
+    run = graph.run
+    monkeypatch.setattr(graph, "run", lambda **inputs: rows.append(inputs["input_ids"].shape[0]) or run(**inputs))
+    args = dict(seed=5, decode_images=False, temperature=1.0, top_p=0.8, cfg_scale=2.0, **options)
+    a = eager.generate(torch.tensor([1, 2, 3, 4]), **args)
+    b = captured.generate(torch.tensor([1, 2, 3, 4]), **args)
+    assert torch.equal(a.tokens, b.tokens)
+    assert [s.target_forwards for s in a.stats] == [s.target_forwards for s in b.stats]
+    groups = 2  # guidance doubles the rows
+    assert sum(rows) == groups * sum(s.verify_forwards for s in b.stats), "only verifying images enter the forward"
+    if options["mode"] == "vvs":
+        assert sum(s.skipped_verifications for s in b.stats) > 0

@@ -65,6 +65,10 @@ class Plan:
         return [i for i, s in enumerate(self.states) if s == state]
 
     @property
+    def verifying(self) -> list[int]:
+        return self.images(VERIFY)
+
+    @property
     def key(self) -> tuple:
         """What shapes the next cycle's work: whether anything verifies or skips, and the chain's width."""
         return VERIFY in self.states, SKIP in self.states, self.chain
@@ -171,11 +175,11 @@ class Decoding:
         return self.engines.null_condition.to(self.dev, self.engines.dtype).expand(self.n, -1, -1)
 
     def verify(self, new_ids: torch.Tensor, positions: torch.Tensor, new_visible: torch.Tensor,
-               images: list[int] | None = None):
+               images: list[int] | torch.Tensor | None = None):
         """One target forward over ``new_ids [n, T]`` at ``positions [n, T]`` with visibility ``[n, T, T]``.
 
-        Only ``images`` (all when None) take part, so an image that skips its verification costs no target
-        compute; the outputs still cover the whole batch, zero for the images left out."""
+        Only ``images`` (indices; all when None) take part, so an image that skips its verification costs no
+        target compute; the outputs still cover the whole batch, zero for the images left out."""
         self.clock.section("verify")
         t = new_ids.shape[1]
         positions = positions.clamp(max=self.max_position())
@@ -185,7 +189,7 @@ class Decoding:
                 input_ids=self.layout.expand(new_ids), position_ids=self.layout.expand(positions),
                 attn_mask=attention_mask(self.layout, past, new_visible), past_kv=self.kv.kv, cfg_mix=self.cfg_mix)
         else:
-            out = self._verify_subset(torch.tensor(images, device=self.dev), new_ids, positions, past, new_visible)
+            out = self._verify_subset(torch.as_tensor(images, device=self.dev), new_ids, positions, past, new_visible)
         self.clock.section("other")
         return out
 
@@ -351,10 +355,10 @@ class Speculation:
         if self.captured is not None:
             self.captured.replay(self, u)
         else:
-            self.cycle_body(u, self.plan.key, self.plan.images(VERIFY))
+            self.cycle_body(u, self.plan.key, self.plan.verifying)
         self.plan = self.read()
 
-    def cycle_body(self, u: torch.Tensor, key: tuple, verifying_images: list[int] | None) -> None:
+    def cycle_body(self, u: torch.Tensor, key: tuple, verifying_images: list[int] | torch.Tensor) -> None:
         """The device work of one cycle, shaped by ``key`` (:attr:`Plan.key`); in place on the loop's state."""
         verifies, skips, chain = key
         active = self.d.active
@@ -390,7 +394,7 @@ class Speculation:
         return self.d.active & decide_skip(self.opts, self.tree, self.cycle, self.d.count, self.last_skipped,
                                            self.d.engines.codebook)
 
-    def verify(self, verifying: torch.Tensor, a_max: int, u: torch.Tensor, images: list[int] | None) -> None:
+    def verify(self, verifying: torch.Tensor, a_max: int, u: torch.Tensor, images: list[int] | torch.Tensor) -> None:
         """One target forward over the pending chain (``a_max`` wide) ‖ the tree of the verifying images; commit
         the chain and the accepted path."""
         d, n, dev, tree = self.d, self.n, self.dev, self.tree
