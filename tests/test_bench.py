@@ -92,4 +92,8 @@ def test_bench_command_writes_results(tiny_folder, tmp_path, capsys, monkeypatch
     assert code == 0, err
     results = json.loads((out / "results.json").read_text())
     assert set(results["modes"]) == {"ar", "vvs-uniform"}
-    assert results["machine"]["cores"] >= 1 and "speed-up vs ar" in stdout
+    ar, vvs = results["modes"]["ar"], results["modes"]["vvs-uniform"]
+    ratio = ar["seconds_per_image"]["median"] / vvs["seconds_per_image"]["median"]
+    assert vvs["speedup_vs_ar"] == pytest.approx(ratio, rel=1e-6)
+    assert ar["tokens_per_target_forward"] == 1.0 and vvs["skipped_verifications_per_image"] > 0
+    assert "speed-up vs ar" in stdout

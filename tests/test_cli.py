@@ -3,10 +3,13 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import run_cli
 from vvs.cli import export_main, run_main
+from vvs.engines import load_engines
 from vvs.models import save_model
+from vvs.runtime.pipeline import Pipeline
 
 
 def test_run_writes_images_grid_stats_and_tokens(tiny_folder, tmp_path, capsys, monkeypatch):
@@ -28,7 +31,10 @@ def test_run_writes_images_grid_stats_and_tokens(tiny_folder, tmp_path, capsys, 
     ar = [i for i in payload["images"] if i["mode"] == "ar"]
     assert all(i["tokens_per_target_forward"] == 1.0 and i["drafter_forwards"] == 0 for i in ar)
     saved = np.load(tokens)
-    assert saved.shape == (4, 16)
+    pipe = Pipeline(load_engines(tiny_folder, "onnxruntime", threads=1))
+    for m, mode in enumerate(["ar", "vvs"]):
+        expected = pipe.generate(torch.tensor([1, 3]), mode=mode, temperature=0, cfg_scale=2.0, decode_images=False)
+        assert np.array_equal(saved[2 * m : 2 * m + 2], expected.tokens.numpy()), mode
     assert not list(tmp_path.rglob(".*.tmp"))
 
 

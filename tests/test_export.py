@@ -135,13 +135,16 @@ def test_greedy_tokens_identical_on_torch_and_onnxruntime(folder, mode):
     assert (runs[0].images - runs[1].images).abs().max() < 1e-4
 
 
-def test_vvs_statistics_agree_between_backends(folder):
-    def stats(backend):
+@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=1.0, top_p=0.8)])
+def test_vvs_tokens_and_statistics_agree_between_backends(folder, sampling):
+    def run(backend):
         gen = Pipeline(load_engines(folder, backend, threads=1)).generate(
-            torch.tensor([2, 5]), mode="vvs", seed=1, temperature=0, cfg_scale=2.0, skip_interval=2)
+            torch.tensor([2, 5]), mode="vvs", seed=1, cfg_scale=2.0, skip_interval=2, decode_images=False, **sampling)
         return gen.tokens, [{k: v for k, v in s.to_dict().items() if "seconds" not in k} for s in gen.stats]
 
-    assert stats("torch")[1] == stats("onnxruntime")[1]
+    (tokens_t, stats_t), (tokens_o, stats_o) = run("torch"), run("onnxruntime")
+    assert torch.equal(tokens_t, tokens_o)
+    assert stats_t == stats_o and sum(s["skipped_verifications"] for s in stats_t) > 0
 
 
 # --------------------------------------------------------------------------- broken folders

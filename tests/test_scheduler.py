@@ -107,10 +107,25 @@ def test_a_cancelled_request_frees_its_slots_and_others_go_on(pipeline_factory):
     _wait_idle(pipe)
 
 
-def test_a_request_past_its_timeout_fails_and_frees_its_slots(pipeline_factory):
+def test_a_request_past_its_timeout_fails_and_frees_its_slots(pipeline_factory, monkeypatch):
+    """The request is running (its images are in the batch, cycles slowed down) when its time runs out; a request
+    beside it gets the tokens it would get alone."""
     pipe = pipeline_factory(max_batch=32)
+    step = Speculation.step
+
+    def slow_step(self):
+        time.sleep(0.1)
+        step(self)
+
+    monkeypatch.setattr(Speculation, "step", slow_step)
+    slow = pipe.submit(torch.arange(10).repeat(2), mode="sd", seed=0, timeout=0.3)
+    other = pipe.submit(torch.tensor([5]), mode="sd", seed=3)
+    _wait_running(pipe)
     with pytest.raises(RequestTimeout, match="timed out"):
-        pipe.generate(torch.arange(10).repeat(3), mode="sd", seed=0, timeout=0.05, decode_images=False)
+        slow.result(60)
+    beside = other.result(60).tokens
+    monkeypatch.undo()
+    assert torch.equal(beside, pipe.generate(torch.tensor([5]), mode="sd", seed=3, decode_images=False).tokens)
     _wait_idle(pipe)
 
 
@@ -120,8 +135,11 @@ def test_a_full_queue_refuses_with_busy_and_recovers(pipeline_factory):
     first = pipe.submit(torch.tensor([1, 2, 3]), mode="sd", seed=0)  # an empty queue takes it
     with pytest.raises(Busy, match="queue is full"):
         pipe.submit(torch.tensor([4]), seed=0)
-    assert first.result(120).tokens.shape[0] == 3
-    assert pipe.generate(torch.tensor([4]), seed=0, decode_images=False).tokens.shape[0] == 1
+    clean = pipeline_factory(max_batch=4)
+    assert torch.equal(first.result(120).tokens,
+                       clean.generate(torch.tensor([1, 2, 3]), mode="sd", seed=0, decode_images=False).tokens)
+    assert torch.equal(pipe.generate(torch.tensor([4]), seed=0, decode_images=False).tokens,
+                       clean.generate(torch.tensor([4]), seed=0, decode_images=False).tokens)
 
 
 def test_a_failing_step_fails_its_requests_and_the_scheduler_goes_on(pipeline_factory, monkeypatch):
@@ -138,7 +156,10 @@ def test_a_failing_step_fails_its_requests_and_the_scheduler_goes_on(pipeline_fa
     monkeypatch.setattr(AutoRegression, "step", failing)
     with pytest.raises(RuntimeError, match="device lost"):
         pipe.generate(torch.tensor([1, 2]), mode="ar", seed=0, decode_images=False)
-    assert pipe.generate(torch.tensor([1]), mode="ar", seed=0, decode_images=False).tokens.shape[0] == 1
+    after = pipe.generate(torch.tensor([1, 2]), mode="ar", seed=0, decode_images=False)
+    monkeypatch.undo()
+    assert torch.equal(after.tokens, pipeline_factory().generate(torch.tensor([1, 2]), mode="ar", seed=0,
+                                                                  decode_images=False).tokens)
     _wait_idle(pipe)
 
 
