@@ -162,6 +162,46 @@ def test_a_bad_manifest_default_names_the_manifest(folder, tmp_path, capsys, mon
     assert f"{folder / 'manifest.json'}: {message}" in line and "fix the file or re-export" in line
 
 
+def _set(manifest: dict, path: str, value) -> None:
+    *parents, last = path.split(".")
+    for key in parents:
+        manifest = manifest[key]
+    if value is DELETE:
+        del manifest[last]
+    else:
+        manifest[last] = value
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize("path,value,message", [
+    ("graphs", "x", "graphs: 'x' is not of type 'object'"),
+    ("model.target", DELETE, "model: 'target' is a required property"),
+    ("files.vq_decode.onnx", {"sha256": "0" * 64, "bytes": [1]}, "is not of type 'integer'"),
+    ("graphs.target_verify.file", "../../etc/passwd", "graphs.target_verify.file"),
+    ("precision", "fp8", "precision: 'fp8' is not one of"),
+    ("graphs.draft_tree.tree", [4, 2], "graphs.draft_tree.tree: [4, 2] is too short"),
+    ("model.target.n_head", 0, "model.target: integer modulo by zero"),
+    ("model.vq.turbo", True, "model.vq: VQConfig.__init__() got an unexpected keyword argument 'turbo'"),
+    ("tensorrt-rtx", {"engines": []}, "tensorrt-rtx.engines: [] is not of type 'object'"),
+])
+def test_a_manifest_of_the_wrong_shape_is_one_error_naming_the_field(folder, tmp_path, capsys, monkeypatch, path,
+                                                                      value, message):
+    """Valid JSON of the wrong shape is refused when the folder is read, before any work, with exit 2."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    if path.startswith("files."):
+        manifest["files"][path.split(".", 1)[1]] = value
+    else:
+        _set(manifest, path, value)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "out"
+    code, _, err = run_cli(run_main, ["--engine", folder, "--out", out], capsys, monkeypatch)
+    line = one_line_error(code, err, "vvs-run")
+    assert f"{folder / 'manifest.json'}: " in line and message in line and "re-export" in line
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("args,message", [
     (["--class", "1,x"], "option --class 'x': not a class id or name"),
     (["--mode", "vvs,turbo"], "option --mode 'turbo': unknown"),
@@ -327,3 +367,18 @@ def test_serve_refuses_bad_arguments_before_starting_ray(folder, tmp_path, capsy
     args = [a.format(folder=folder, missing=tmp_path / "nope") for a in args]
     code, _, err = run_cli(serve_main, args, capsys, monkeypatch)
     assert message in one_line_error(code, err, "vvs-serve")
+
+
+def test_a_damaged_cached_tree_graph_is_detected_and_exported_again(folder):
+    """Graphs for other tree shapes are exported into trees/ on first use with their size and sha256; a truncated
+    or edited one fails that check at the next use and is exported again, instead of crashing or running."""
+    options = dict(mode="sd", seed=0, temperature=0, cfg_scale=2.0, tree_size=5, depth=2, draft_top_k=2,
+                   decode_images=False)
+    first = Pipeline(load_engines(folder, "onnxruntime", threads=1)).generate(torch.tensor([1, 2]), **options)
+    graph = next((folder / "trees").glob("draft_tree-5x2x2-*.onnx"))
+    good = graph.read_bytes()
+    for damage in (lambda b: b[: len(b) // 2], lambda b: b[:100] + bytes([b[100] ^ 0xFF]) + b[101:]):
+        graph.write_bytes(damage(good))
+        again = Pipeline(load_engines(folder, "onnxruntime", threads=1)).generate(torch.tensor([1, 2]), **options)
+        assert torch.equal(again.tokens, first.tokens)
+        assert graph.read_bytes() == good

@@ -1,8 +1,10 @@
 """The engine folder: graphs, tables and ``manifest.json``, and its validation.
 
 ``manifest.json`` records the model configs, each graph's file and I/O spec, the precision, the sha256 and size
-of every file, the tool versions, and the default decoding options. Loading checks all of it; any missing,
-truncated, edited or mismatched file is a one-line :class:`EngineFolderError` naming the file.
+of every file, the tool versions, and the default decoding options. Its structure is declared once
+(:data:`MANIFEST_SCHEMA`, a JSON Schema) and checked at load together with the model configs, so a wrong shape is
+one error naming the field before any work. Loading then checks the files; any missing, truncated, edited or
+mismatched file is a one-line :class:`EngineFolderError` naming the file.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import jsonschema
 import onnx
 
 from vvs.errors import VVSError
@@ -26,6 +29,86 @@ TORCH_WEIGHTS = {"target": "torch_target.safetensors", "drafter": "torch_drafter
 
 class EngineFolderError(VVSError):
     pass
+
+
+# a file of the folder: a relative path without ".." components
+_NAME = {"type": "string", "pattern": r"^[^/\\]+(/[^/\\]+)*$", "not": {"pattern": r"(^|/)\.\.(/|$)"}}
+_COUNT = {"type": "integer", "minimum": 1}
+_TENSOR = {"type": "object", "required": ["name", "dtype", "shape"], "properties": {
+    "name": {"type": "string"}, "dtype": {"enum": ["float32", "float16", "int64", "bool"]},
+    "shape": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "integer", "minimum": 1}]}}}}
+_SPEC = {"type": "object", "required": ["name", "inputs", "outputs"], "properties": {
+    "name": {"type": "string"}, "inputs": {"type": "array", "items": _TENSOR},
+    "outputs": {"type": "array", "items": _TENSOR}}}
+_PLANS = {"type": "object", "required": ["engines"], "properties": {"engines": {
+    "type": "object", "additionalProperties": {"type": "object", "required": ["file", "profiles"], "properties": {
+        "file": _NAME, "profiles": {"type": "array", "items": {"type": "object"}}}}}}}
+MANIFEST_SCHEMA = {
+    "type": "object",
+    "required": ["format", "model", "precision", "graphs", "decoding_defaults", "files"],
+    "properties": {
+        "format": {"const": "vvs-engine-folder/1"},
+        "model": {"type": "object", "required": ["family", "target"], "properties": {
+            "family": {"enum": ["llamagen", "mar"]},
+            "target": {"type": "object"}, "drafter": {"type": "object"}, "draft": {"type": "object"},
+            "vq": {"type": "object"}, "tokenizer": {"type": "object", "required": ["kind", "scale"]},
+            "image_size": _COUNT, "classes": {"type": "array", "items": {"type": "string"}}}},
+        "precision": {"enum": ["fp32", "fp16", "bf16", "int8"]},
+        "max_draft_top_k": _COUNT,
+        "graphs": {"type": "object", "minProperties": 1, "additionalProperties": {
+            "type": "object", "required": ["file", "spec"], "properties": {
+                "file": _NAME, "spec": _SPEC,
+                "tree": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 3, "maxItems": 3}}}},
+        "tables": {"type": "object", "required": ["file"], "properties": {
+            "file": _NAME, "neighbours_per_code": {"type": "integer", "minimum": 0}}},
+        "decoding_defaults": {"type": "object"},
+        "files": {"type": "object", "additionalProperties": {
+            "type": "object", "required": ["sha256", "bytes"], "properties": {
+                "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                "bytes": {"type": "integer", "minimum": 0}}}},
+        "tensorrt": _PLANS,
+        "tensorrt-rtx": _PLANS,
+    },
+    "allOf": [
+        {"if": {"properties": {"model": {"properties": {"family": {"const": "llamagen"}}}}},
+         "then": {"required": ["max_draft_top_k", "tables"], "properties": {"model": {"required": ["drafter", "vq"]},
+                                                                            "graphs": {"required": ["draft_tree"]}}}},
+        {"if": {"properties": {"model": {"properties": {"family": {"const": "mar"}}}}},
+         "then": {"properties": {"model": {"required": ["draft", "tokenizer", "image_size"]}}}},
+    ],
+}
+
+
+def check_manifest(manifest, path: Path) -> None:
+    """The manifest has :data:`MANIFEST_SCHEMA`'s structure and its model configs build; else one error naming the
+    first bad field."""
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(MANIFEST_SCHEMA).iter_errors(manifest))
+    if error is not None:
+        field = ".".join(str(p) for p in error.absolute_path) or "the top level"
+        raise EngineFolderError(f"{path}: {field}: {error.message}; fix the file or re-export the folder")
+    for name, build in model_configs(manifest).items():
+        try:
+            build()
+        except (TypeError, ValueError, ZeroDivisionError) as err:
+            raise EngineFolderError(f"{path}: model.{name}: {err}; fix the file or re-export the folder") from None
+
+
+def model_configs(manifest: dict) -> dict:
+    """The config of each model in the folder, as a function that builds it and its derived sizes."""
+    from vvs.models.drafter import DrafterConfig
+    from vvs.models.gpt import GPTConfig
+    from vvs.models.mar import MARConfig
+    from vvs.models.vq import VQConfig
+
+    model = manifest["model"]
+    if is_mar(manifest):
+        def mar(key):
+            return lambda: (MARConfig(**model[key]).seq_len, MARConfig(**model[key]).token_embed_dim)
+
+        return {"target": mar("target"), "draft": mar("draft")}
+    return {"target": lambda: (GPTConfig(**model["target"]).num_image_tokens, GPTConfig(**model["target"]).head_dim),
+            "drafter": lambda: DrafterConfig(**model["drafter"]),
+            "vq": lambda: VQConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in model["vq"].items()})}
 
 
 def sha256(path: Path) -> str:
@@ -54,11 +137,7 @@ def read_manifest(folder: Path) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise EngineFolderError(f"{path}: format {manifest.get('format') if isinstance(manifest, dict) else None!r} "
                                 f"is not {FORMAT!r}; re-export with this version of vvs")
-    for key in ("model", "graphs", "files", "precision", "decoding_defaults"):
-        if key not in manifest:
-            raise EngineFolderError(f"{path}: has no {key!r} entry; re-export the folder")
-    if not isinstance(manifest["decoding_defaults"], dict):
-        raise EngineFolderError(f"{path}: decoding_defaults is not a mapping; fix the file or re-export the folder")
+    check_manifest(manifest, path)
     options = MAROptions if is_mar(manifest) else DecodeOptions
     try:
         options.from_dict(manifest["decoding_defaults"])

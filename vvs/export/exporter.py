@@ -190,28 +190,61 @@ def _replace_dir(new: Path, target: Path) -> None:
 
 
 TREES = "trees"  # draft_tree graphs of other tree shapes, exported on demand
+TREE_INDEX = "index.json"  # in TREES: the size and sha256 of every file exported there
 
 
 def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, GraphSpec]:
     """The ``draft_tree`` graph of ``tree`` for an engine folder, exported once from the folder's own torch
     weights into its ``trees/`` subfolder (named after those weights' sha256, so a re-exported folder never picks
-    up a stale graph)."""
+    up a stale graph). Each use checks the graph against the size and sha256 recorded when it was exported, as a
+    folder's own files are checked; a graph that fails (truncated, edited) is exported again."""
     folder = Path(folder)
     weights = "".join(manifest["files"][TORCH_WEIGHTS[m]]["sha256"][:8] for m in ("target", "drafter"))
     path = folder / TREES / f"draft_tree-{tree.name}-{weights}.onnx"
     target = GPTConfig(**manifest["model"]["target"])
     act = graph_spec(manifest, "draft_tree").inputs[0].dtype
     spec = draft_tree_spec(target, DrafterConfig(**manifest["model"]["drafter"]), tree, act)
-    if not path.is_file():
+    if not _recorded_intact(path):
         gpt = load_gpt(folder / TORCH_WEIGHTS["target"])
         module = draft_tree_graph(gpt, load_drafter(folder / TORCH_WEIGHTS["drafter"], gpt.config), tree)
         cast_floating(module, DTYPES[act])
         try:
-            export_graph(module, spec, path, target.vocab_size, target.max_positions - 1)
+            _record(path.parent, export_graph(module, spec, path, target.vocab_size, target.max_positions - 1))
         except OSError as err:
             raise VVSError(f"{path}: cannot write the draft_tree graph for tree {tree.name} ({err.strerror or err}); "
                            "make the engine folder writable, or export it with this tree as a default") from None
     return path, spec
+
+
+def _tree_index(trees: Path) -> dict:
+    try:
+        index = json.loads((trees / TREE_INDEX).read_text())
+    except (OSError, ValueError):
+        return {}
+    return index if isinstance(index, dict) else {}
+
+
+def _recorded_intact(path: Path) -> bool:
+    """``path`` and its external data exist with the size and sha256 recorded when they were exported."""
+    files = _tree_index(path.parent).get(path.name)
+    if not isinstance(files, dict) or path.name not in files:
+        return False
+    for name, record in files.items():
+        f = path.parent / name
+        try:
+            if f.stat().st_size != record["bytes"] or file_record(f)["sha256"] != record["sha256"]:
+                return False
+        except (OSError, TypeError, KeyError):
+            return False
+    return True
+
+
+def _record(trees: Path, files: list[Path]) -> None:
+    index = _tree_index(trees)
+    index[files[0].name] = {p.name: file_record(p) for p in files}
+    tmp = trees / f".{TREE_INDEX}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(index, indent=1) + "\n")
+    os.replace(tmp, trees / TREE_INDEX)
 
 
 def write_defaults(folder: Path, defaults: dict, tuning: dict | None = None) -> None:
