@@ -65,6 +65,8 @@ RUN_CASES = [
     (["--num-images", "1000000000"], "--num-images"),
     (["--class", "²"], "option --class '²': not a class id or name"),
     (["--class", "1,x"], "option --class 'x': not a class id or name"),
+    (["--class", "0,1", "--num-images", "2"], "option --num-images 2: fewer than the 3 classes given"),
+    (["--cfg", "1e38"], "option --cfg 1e+38: must be in [0, 1000]"),
     (["--seed", str(2**64)], "option --seed"),
     (["--seed", "1.5"], "option --seed '1.5'"),
     (["--device", "tpu"], "option --device 'tpu': not a device vvs runs on; use cpu, cuda or cuda:N"),
@@ -301,12 +303,29 @@ def test_export_onto_a_full_disk_changes_nothing(bundle_factory, tiny_folder, tm
     ([1], {"seed": 2**70}, "seed 1180591620717411303424: seeds must be integers"),
     ([1], {"seed": [1, 2]}, "got 2 seeds for 1 images"),
     ([1], {"depth": 10**6}, "option depth=1000000: must be below the image's 16 tokens"),
+    ([2**70], {}, f"class id {2**70} is out of range"),
+    (torch.tensor([[1, 2], [3, 4]]), {}, "class ids must be a 1-D tensor [n], got shape [2, 2]"),
+    ([1], {"cfg_scale": 1e38}, "option cfg_scale=1e+38: must be in [0, 1000]"),
+    ([1], {"timeout": "x"}, "timeout 'x': give the seconds a request may take"),
+    ([1], {"timeout": -5}, "timeout -5: give the seconds a request may take"),
 ])
 def test_api_errors_are_options_errors(pipeline_factory, conditions, options, message):
     pipe = pipeline_factory()
     with pytest.raises(OptionsError) as err:
         pipe.generate(conditions, decode_images=False, **options)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("codes,message", [
+    (torch.full((1, 16), 16), "codes must lie in [0, 16) (the codebook's size), got 16..16"),
+    (torch.full((1, 16), -1), "codes must lie in [0, 16)"),
+    (torch.zeros(16, dtype=torch.long), "codes must be integers [n, 16], got torch.int64 [16]"),
+    (torch.zeros(1, 16), "codes must be integers [n, 16], got torch.float32"),
+])
+def test_decode_checks_its_codes(pipeline_factory, codes, message):
+    with pytest.raises(OptionsError) as err:
+        pipeline_factory().decode(codes)
+    assert message in str(err.value)
 
 
 def test_api_rejects_bad_captions(pipeline_factory):

@@ -12,6 +12,9 @@ from typing import NamedTuple
 from vvs.errors import VVSError
 
 MODES = ("ar", "sd", "lantern", "vvs")
+MAX_CFG_SCALE = 1000.0
+CFG_RANGE = (f"must be in [0, {MAX_CFG_SCALE:g}] (1 or less disables classifier-free guidance; larger scales drive the "
+             "mixed logits out of floating-point range)")
 SKIP_POLICIES = ("uniform", "dynamic")
 # the names vvs-run and vvs-bench accept: a mode, or VVS with a chosen skip schedule
 MODE_NAMES = {
@@ -125,8 +128,8 @@ class DecodeOptions(_Updatable):
             bad("top_k", "must be >= 0 (0 disables the top-k filter)")
         if not 0 < self.top_p <= 1:
             bad("top_p", "must be in (0, 1]")
-        if self.cfg_scale < 0:
-            bad("cfg_scale", "must be >= 0 (1 or less disables classifier-free guidance)")
+        if not 0 <= self.cfg_scale <= MAX_CFG_SCALE:
+            bad("cfg_scale", CFG_RANGE)
         if self.tree_size < 2:
             bad("tree_size", "must be >= 2 (the root plus at least one drafted token)")
         if self.depth < 0:
@@ -229,8 +232,8 @@ class MAROptions(_Updatable):
             bad("cfg_schedule", f"choose one of {', '.join(CFG_SCHEDULES)}")
         if self.num_iter < 1:
             bad("num_iter", "must be >= 1")
-        if self.cfg_scale < 0:
-            bad("cfg_scale", "must be >= 0 (1 or less disables classifier-free guidance)")
+        if not 0 <= self.cfg_scale <= MAX_CFG_SCALE:
+            bad("cfg_scale", CFG_RANGE)
         if self.temperature <= 0:
             bad("temperature", "must be > 0 (the diffusion sampler has no greedy mode)")
         if not 0 <= self.prefill_ratio < 1:

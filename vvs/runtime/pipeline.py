@@ -5,6 +5,7 @@ Any number of threads may call one ``Pipeline`` at once: their images are decode
 """
 from __future__ import annotations
 
+import math
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -102,12 +103,30 @@ class Pipeline:
         opts = self.options_for(mode, **options)
         conditions, caption_mask = self.check_conditions(conditions, caption_mask)
         seeds = image_seeds(seed, len(conditions))
+        check_timeout(timeout)
         return Job(self.scheduler.submit(conditions, opts, seeds, caption_mask, timeout), opts)
 
     def decode(self, tokens: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Images ``[n, 3, H, W]`` in [0, 1] of code ids ``[n, N]``."""
+        cfg = self.engines.target
+        tokens = torch.as_tensor(tokens)
+        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.dim() != 2 \
+                or tokens.shape[1] != cfg.num_image_tokens:
+            raise OptionsError(f"codes must be integers [n, {cfg.num_image_tokens}], got {tokens.dtype} "
+                               f"{list(tokens.shape)}")
+        if tokens.numel() and not (0 <= int(tokens.min()) and int(tokens.max()) < cfg.vocab_size):
+            raise OptionsError(f"codes must lie in [0, {cfg.vocab_size}) (the codebook's size), got "
+                               f"{int(tokens.min())}..{int(tokens.max())}")
         start = time.perf_counter()
-        images = self.engines.graphs["vq_decode"].run(codes=tokens.to(self.engines.device))["image"]
+        images = self.engines.graphs["vq_decode"].run(codes=tokens.long().to(self.engines.device))["image"]
         return images.float().cpu(), time.perf_counter() - start
+
+
+def check_timeout(timeout) -> None:
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise OptionsError(f"timeout {timeout!r}: give the seconds a request may take (a number > 0), or None")
 
 
 def class_ids(conditions, num_classes: int) -> torch.Tensor:
@@ -116,11 +135,17 @@ def class_ids(conditions, num_classes: int) -> torch.Tensor:
         values = torch.as_tensor(conditions)
         if values.dtype.is_floating_point or values.dtype in (torch.bool, torch.complex64, torch.complex128):
             raise OptionsError(f"class ids must be integers, got a {values.dtype} tensor")
-        values = values.reshape(-1).long()
+        if values.dim() != 1:
+            raise OptionsError(f"class ids must be a 1-D tensor [n], got shape {list(values.shape)}")
+        values = values.long()
     elif isinstance(conditions, (list, tuple)):
         wrong = next((c for c in conditions if not isinstance(c, (int, np.integer)) or isinstance(c, bool)), None)
         if wrong is not None:
             raise OptionsError(f"class id {wrong!r} is not an integer; pass integer class ids")
+        big = next((int(c) for c in conditions if not 0 <= int(c) < num_classes), None)
+        if big is not None:  # before the tensor: ids beyond int64 would overflow it
+            raise OptionsError(f"class id {big} is out of range: the model has {num_classes} classes "
+                               f"(0-{num_classes - 1})")
         values = torch.tensor([int(c) for c in conditions], dtype=torch.long)
     else:
         raise OptionsError(f"conditions must be a list or tensor of class ids, got {type(conditions).__name__}")
