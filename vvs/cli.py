@@ -6,6 +6,7 @@ with code 2; nothing half-written is left behind (writers use a temporary name a
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,7 +19,18 @@ from dataclasses import fields
 from vvs.runtime.options import ACCEPT_RULES, MAR_MODE_NAMES, MODE_NAMES, DecodeOptions, MAROptions, OptionsError
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered like Ctrl-C so that the same clean-up runs."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def _main(command: click.Command, prog: str) -> None:
+    """Run a command: usage errors as one line and exit 2; Ctrl-C exits 130 and SIGTERM 143 after the clean-up
+    (finished images kept, the scheduler stopped at a cycle boundary)."""
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         command.main(prog_name=prog, standalone_mode=False)
     except click.exceptions.Exit as done:
@@ -32,9 +44,10 @@ def _main(command: click.Command, prog: str) -> None:
     except VVSError as err:
         click.echo(f"{prog}: error: {err}", err=True)
         sys.exit(2)
-    except click.Abort:
-        click.echo(f"{prog}: interrupted", err=True)
-        sys.exit(130)
+    except (click.Abort, KeyboardInterrupt) as err:
+        terminated = isinstance(err, Terminated) or isinstance(err.__cause__, Terminated)
+        click.echo(f"{prog}: {'terminated' if terminated else 'interrupted'}", err=True)
+        sys.exit(143 if terminated else 130)
 
 
 # --------------------------------------------------------------------------- vvs-export
@@ -261,7 +274,10 @@ def resolve_classes(values: tuple[str, ...], names: list[str] | None, num_classe
     for i in ids:
         if not 0 <= i < num_classes:
             raise VVSError(f"option --class {i}: out of range, the model has {num_classes} classes (0-{num_classes - 1})")
-    return [ids[i % len(ids)] for i in range(max(count, len(ids)))]
+    if count < len(ids):
+        raise VVSError(f"option --num-images {count}: fewer than the {len(ids)} classes given; ask for at least "
+                       f"{len(ids)} images (the classes repeat in turn) or give fewer classes")
+    return [ids[i % len(ids)] for i in range(count)]
 
 
 def resolve_seeds(text: str, count: int) -> list[int]:
@@ -283,7 +299,9 @@ MAX_IMAGES = 100_000  # per mode; more is almost certainly a typo
 def mode_option(default: str):
     return click.option("--mode", "modes", multiple=True,
                         help=f"{', '.join(MODE_NAMES)} (vvs-uniform / vvs-dynamic: VVS with that skip schedule); "
-                             f"repeat or comma-separate to compare on the same classes and seeds. Default: {default}.")
+                             "ar and sd sample the target's distribution exactly, lantern and vvs change it by design "
+                             "(a skipped cycle's drafts are committed unverified); MAR folders: ar, cspd. Repeat or "
+                             f"comma-separate to compare on the same classes and seeds. Default: {default}.")
 
 
 def engine_options(fn):
@@ -350,16 +368,19 @@ def run_cmd(engine_dir, backend, device, modes, classes, num_images, batch_size,
     try:
         bar = tqdm(total=len(modes) * len(labels), desc="generate", unit="img", dynamic_ncols=True)
         for mode in modes:
-            results = []
             for start in range(0, len(labels), batch_size):
-                chunk = torch_tensor(labels[start : start + batch_size])
+                chunk = labels[start : start + batch_size]
                 bar.set_postfix_str(mode)
-                results.append(pipe.generate(chunk, seed=seeds[start : start + batch_size],
-                                             **{**mode_names[mode], **overrides}))
+                result = pipe.generate(torch_tensor(chunk), seed=seeds[start : start + batch_size],
+                                       **{**mode_names[mode], **overrides})
+                writer.add(mode, start, chunk, result, names)
                 bar.update(len(chunk))
-            writer.add(mode, labels, results, names)
+            writer.grid(mode)
         bar.close()
         writer.finish(engines.backend)
+    except KeyboardInterrupt:
+        writer.keep_finished()
+        raise
     finally:
         writer.close()
 
@@ -442,7 +463,7 @@ def bench_cmd(engine_dir, backend, device, modes, classes, num_images, seed, num
     if tune and not os.access(Path(engine_dir) / MANIFEST, os.W_OK):
         raise VVSError(f"option --tune: {Path(engine_dir) / MANIFEST} is not writable, so the tuned defaults could "
                        "not be saved; copy the folder somewhere writable")
-    num_images = num_images or 16
+    num_images = num_images or max(16, len(split_values(classes)))
     target = manifest["model"]["target"]
     labels = resolve_classes(classes, manifest["model"].get("classes"),
                              target["class_num"] if mar else target["num_classes"], num_images)

@@ -1,12 +1,15 @@
 """Writing what ``vvs-run`` produces: PNGs, a grid per mode, statistics JSON, token ids, a summary table.
 
-Every file is written under a temporary name and renamed, so an interrupted run leaves no half-written file.
+Every file is written under a temporary name and renamed, so an interrupted run leaves no half-written file. A
+run's images go to a staging folder inside ``--out`` and move into place only when the run ends, so an earlier run
+that ``--overwrite`` replaces stays whole until the new one is complete, and an index never names a missing file.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -68,12 +71,16 @@ def ensure_writable_dir(path: Path) -> None:
 
 
 RUN_INDEX = ".vvs-run.json"  # the files a run wrote to its --out folder, so --overwrite removes exactly those
+STAGING = ".vvs-run-staging"  # a run's files until it ends
 
 
 class RunWriter:
     """Everything a ``vvs-run`` writes. Every path is checked when it is constructed, before any work: ``out``
-    must be empty (or ``overwrite`` given: the earlier run's files are removed first) and no other run may be
-    writing there; statistics and token files go only to new paths or regular files."""
+    must be empty (or ``overwrite`` given: the earlier run's files are replaced when this one ends) and no other
+    run may be writing there; statistics and token files go only to new paths or regular files.
+
+    :meth:`finish` moves the run into place. An interrupted run (:meth:`keep_finished`) keeps its finished images
+    in an empty folder, and leaves an earlier run untouched; :meth:`close` discards whatever was not moved."""
 
     def __init__(self, out: Path, stats_json: str | None, save_tokens: str | None, overwrite: bool = False):
         self.out = Path(out)
@@ -92,13 +99,17 @@ class RunWriter:
         self.lock = self.out / ".vvs-run.lock"
         self._take_lock()
         try:
-            self._clear_earlier_run(overwrite)
+            self.earlier = self._earlier_run(overwrite)
+            self.staging = self.out / STAGING
+            shutil.rmtree(self.staging, ignore_errors=True)  # left by a run that was killed (we hold the lock)
+            self.staging.mkdir()
         except BaseException:
             self.lock.unlink(missing_ok=True)
             raise
         self.written: list[str] = []
         self.images: list[dict] = []
         self.by_mode: dict[str, list] = {}
+        self.pictures: dict[str, list[torch.Tensor]] = {}
         self.tokens: list[torch.Tensor] = []
 
     def _take_lock(self) -> None:
@@ -120,39 +131,37 @@ class RunWriter:
             return
         raise VVSError(f"option --out {self.out}: could not take {self.lock.name}; remove it if no run is active")
 
-    def _clear_earlier_run(self, overwrite: bool) -> None:
-        index = self.out / RUN_INDEX
-        present = [p for p in self.out.iterdir() if p.name != self.lock.name]
+    def _earlier_run(self, overwrite: bool) -> list[str] | None:
+        """The files of the run already in ``out`` (None when the folder is empty)."""
+        present = [p for p in self.out.iterdir() if p.name not in (self.lock.name, STAGING)]
         if not present:
-            return
+            return None
         if not overwrite:
             raise VVSError(f"option --out {self.out}: already holds files (an earlier run?); pass --overwrite to "
                            "replace that run's files, or choose another folder")
-        if index.is_file():
-            try:
-                earlier = json.loads(index.read_text()).get("files", [])
-            except (OSError, ValueError, AttributeError):
-                earlier = []
-            for name in earlier:
-                if isinstance(name, str) and "/" not in name and not name.startswith("."):
-                    (self.out / name).unlink(missing_ok=True)
+        try:
+            earlier = json.loads((self.out / RUN_INDEX).read_text()).get("files", [])
+        except (OSError, ValueError, AttributeError):
+            earlier = []
+        return [name for name in earlier if isinstance(name, str) and "/" not in name and not name.startswith(".")]
 
     def _save(self, name: str, writer) -> None:
-        writer(self.out / name)
+        writer(self.staging / name)
         self.written.append(name)
 
-    def add(self, mode: str, labels: list[int], results: list, names: list[str] | None) -> None:
-        images = torch.cat([r.images for r in results])
-        tokens = torch.cat([r.tokens for r in results])
-        stats = [s for r in results for s in r.stats]
-        pictures = [p for r in results for p in r.pil_images()]
-        for i, (img, label, s) in enumerate(zip(pictures, labels, stats)):
+    def add(self, mode: str, start: int, labels: list[int], result, names: list[str] | None) -> None:
+        """One batch of a mode's images, the first being image ``start`` of the run."""
+        for i, (img, label, s) in enumerate(zip(result.pil_images(), labels, result.stats), start):
             name = names[label] if names else f"class{label}"
             self._save(f"{mode}_{i:03d}_{name}.png", lambda path, img=img: save_png(img, path))
             self.images.append({"mode": mode, "index": i, "class": label, "class_name": name, **s.to_dict()})
+        self.pictures.setdefault(mode, []).append(result.images)
+        self.by_mode.setdefault(mode, []).extend(result.stats)
+        self.tokens.append(result.tokens)
+
+    def grid(self, mode: str) -> None:
+        images = torch.cat(self.pictures[mode])
         self._save(f"{mode}_grid.png", lambda path: save_png(grid_image(images), path))
-        self.by_mode[mode] = stats
-        self.tokens.append(tokens)
 
     def finish(self, backend: str) -> None:
         rows = [f"{'mode':8} {'images':>6} {'TPF':>6} {'target fwd/img':>15} {'skipped/img':>12} "
@@ -180,11 +189,26 @@ class RunWriter:
                     np.save(f, arr)
 
             atomic_write(self.save_tokens, write)
-        index = {"files": self.written}
-        atomic_write(self.out / RUN_INDEX, lambda tmp: tmp.write_text(json.dumps(index, indent=1) + "\n"))
+        self._move_into_place()
         self.close()
 
+    def keep_finished(self) -> None:
+        """After an interruption: the finished images stay, unless they would replace an earlier run."""
+        if self.earlier is None and self.written:
+            self._move_into_place()
+
+    def _move_into_place(self) -> None:
+        """The earlier run's index goes first and this run's comes last, so no index ever names a missing file."""
+        (self.out / RUN_INDEX).unlink(missing_ok=True)
+        for name in set(self.earlier or []) - set(self.written):
+            (self.out / name).unlink(missing_ok=True)
+        for name in self.written:
+            os.replace(self.staging / name, self.out / name)
+        index = {"files": self.written}
+        atomic_write(self.out / RUN_INDEX, lambda tmp: tmp.write_text(json.dumps(index, indent=1) + "\n"))
+
     def close(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
         self.lock.unlink(missing_ok=True)
 
 

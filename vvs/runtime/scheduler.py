@@ -6,11 +6,17 @@ one batch and combines them into the running batch with the same options (one ru
 options; the rounds step each batch once in turn). Images that are done leave the batch and are delivered when
 their request is complete. Each image keeps its own state and random stream, so a request gets the tokens it
 would get alone, whatever else is running.
+
+At interpreter exit (a script's end, Ctrl-C in a command) every scheduler is closed and its thread joined: the
+thread stops at its next cycle boundary, after the native call it is in. A thread left inside ONNX Runtime or
+torch while the interpreter tears down aborts the process.
 """
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
@@ -92,6 +98,7 @@ class Scheduler:
         self.thread: threading.Thread | None = None
         self.occupancy = (0, 0)  # running images and batches, as of the last round (read by other threads)
         self.last_round = time.monotonic()
+        _LIVE.add(self)
 
     def submit(self, conditions: torch.Tensor, opts: DecodeOptions, seeds: list[int],
                caption_mask: torch.Tensor | None = None, timeout: float | None = None) -> Future:
@@ -242,3 +249,12 @@ def _batch(owners: list[tuple[Request, int]]) -> dict:
     if owners[0][0].caption_mask is None:
         return {"conditions": conditions}
     return {"conditions": conditions, "caption_mask": torch.stack([r.caption_mask[i] for r, i in owners])}
+
+
+_LIVE: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for scheduler in list(_LIVE):
+        scheduler.close()
