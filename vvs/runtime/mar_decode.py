@@ -30,7 +30,6 @@ from vvs.runtime.random import ImageRandom
 from vvs.runtime.stats import ImageStats, Stopwatch
 
 
-CHAIN_TRIES_PER_ROUND = 4  # residual chains tried per pending token and round (trajectory rule)
 
 
 class MaskSchedule:
@@ -236,7 +235,8 @@ class MARDecoder:
                       q: Conditions) -> tuple[torch.Tensor, list[int]]:
         """Rejected tokens redrawn from ``max(0, P - Q)`` over denoising chains: target chains from the token's
         shared start, fresh step noise, each kept with probability ``1 - Q / P``. Tries run in rounds over every
-        pending token of the batch; each image draws its noise from its own stream, in its own order."""
+        pending token of the batch, 1, 1, 2, 4, ... per token (most tokens succeed at once, a few need many tries:
+        few rounds and few wasted chains); each image draws its noise from its own stream, in its own order."""
         n, k = rejected.shape
         steps, C = self.engines.sampling_steps, self.tokens.shape[-1]
         start = _at(self.noise, positions).flatten(0, 1)
@@ -251,7 +251,7 @@ class MARDecoder:
                              ).to(self.device)
 
         while pending.any() and tries < self.opts.max_residual_tries:
-            per_row = min(CHAIN_TRIES_PER_ROUND, self.opts.max_residual_tries - tries)
+            per_row = min(max(1, tries), self.opts.max_residual_tries - tries)
             rows = pending.nonzero().flatten()  # image-major, as the draws are
             normals, u = draw(rows, per_row, (steps, C), False), draw(rows, per_row, (), True)
             each = rows.repeat_interleave(per_row)
