@@ -366,17 +366,16 @@ def run_cmd(engine_dir, backend, device, modes, classes, num_images, batch_size,
         pipe.options_for(**{**mode_names[mode], **overrides})
     writer = RunWriter(Path(out), stats_json, save_tokens, overwrite)  # checks every output path before any work
     try:
-        bar = tqdm(total=len(modes) * len(labels), desc="generate", unit="img", dynamic_ncols=True)
-        for mode in modes:
-            for start in range(0, len(labels), batch_size):
-                chunk = labels[start : start + batch_size]
-                bar.set_postfix_str(mode)
-                result = pipe.generate(torch_tensor(chunk), seed=seeds[start : start + batch_size],
-                                       **{**mode_names[mode], **overrides})
-                writer.add(mode, start, chunk, result, names)
-                bar.update(len(chunk))
-            writer.grid(mode)
-        bar.close()
+        with tqdm(total=len(modes) * len(labels), desc="generate", unit="img", dynamic_ncols=True) as bar:
+            for mode in modes:
+                for start in range(0, len(labels), batch_size):
+                    chunk = labels[start : start + batch_size]
+                    bar.set_postfix_str(mode)
+                    result = pipe.generate(torch_tensor(chunk), seed=seeds[start : start + batch_size],
+                                           **{**mode_names[mode], **overrides})
+                    writer.add(mode, start, chunk, result, names)
+                    bar.update(len(chunk))
+                writer.grid(mode)
         writer.finish(engines.backend)
     except KeyboardInterrupt:
         writer.keep_finished()
