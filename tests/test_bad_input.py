@@ -5,6 +5,7 @@ import json
 import math
 import os
 import shutil
+import socket
 from dataclasses import fields
 
 import pytest
@@ -378,6 +379,7 @@ SERVE_CASES = [
     (["--engine", "{folder}", "--min-replicas", "3", "--max-replicas", "2"], "--min-replicas 3 is above --max-replicas 2"),
     (["--engine", "{folder}", "--device", "tpu"], "not a device vvs runs on"),
     (["--engine", "{folder}", "--port", "0"], "--port"),
+    (["--engine", "{folder}", "--max-request-mb", "0"], "--max-request-mb"),
 ]
 
 
@@ -388,16 +390,36 @@ def test_serve_refuses_bad_arguments_before_starting_ray(folder, tmp_path, capsy
     assert message in one_line_error(code, err, "vvs-serve")
 
 
+def test_serve_checks_the_folder_before_starting_ray(folder, capsys, monkeypatch):
+    import ray
+
+    (folder / "vq_decode.onnx").unlink()
+    code, _, err = run_cli(serve_main, ["--engine", folder], capsys, monkeypatch)
+    assert "vq_decode.onnx: missing from the engine folder" in one_line_error(code, err, "vvs-serve")
+    assert not ray.is_initialized()
+
+
+def test_serve_refuses_a_port_in_use(folder, capsys, monkeypatch):
+    import ray
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        code, _, err = run_cli(serve_main, ["--engine", folder, "--port", port], capsys, monkeypatch)
+    assert f"option --port {port}: 127.0.0.1:{port} is not free" in one_line_error(code, err, "vvs-serve")
+    assert not ray.is_initialized()
+
+
 def test_a_damaged_cached_tree_graph_is_detected_and_exported_again(folder):
-    """Graphs for other tree shapes are exported into trees/ on first use with their size and sha256; a truncated
-    or edited one fails that check at the next use and is exported again, instead of crashing or running."""
+    """Graphs for other tree shapes are exported into trees/ on first use with their size and sha256; an edited
+    (or truncated) one fails that check at the next use and is exported again, instead of running or crashing."""
     options = dict(mode="sd", seed=0, temperature=0, cfg_scale=2.0, tree_size=5, depth=2, draft_top_k=2,
                    decode_images=False)
     first = Pipeline(load_engines(folder, "onnxruntime", threads=1)).generate(torch.tensor([1, 2]), **options)
     graph = next((folder / "trees").glob("draft_tree-5x2x2-*.onnx"))
     good = graph.read_bytes()
-    for damage in (lambda b: b[: len(b) // 2], lambda b: b[:100] + bytes([b[100] ^ 0xFF]) + b[101:]):
-        graph.write_bytes(damage(good))
-        again = Pipeline(load_engines(folder, "onnxruntime", threads=1)).generate(torch.tensor([1, 2]), **options)
-        assert torch.equal(again.tokens, first.tokens)
-        assert graph.read_bytes() == good
+    graph.write_bytes(good[:100] + bytes([good[100] ^ 0xFF]) + good[101:])  # same size: only the sha256 tells
+    again = Pipeline(load_engines(folder, "onnxruntime", threads=1)).generate(torch.tensor([1, 2]), **options)
+    assert torch.equal(again.tokens, first.tokens)
+    assert graph.read_bytes() == good

@@ -1,6 +1,7 @@
 """ONNX export, the engine folder and the ONNX Runtime backend, against the torch reference."""
 import json
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from vvs.export.graphs import build_graphs
 from vvs.export.onnx_export import export_graph
 from vvs.export.spec import sample_inputs
 from vvs.export.spec import graph_specs
+from vvs.files import umask
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
 
@@ -199,3 +201,12 @@ def test_not_an_engine_folder(tmp_path):
     expect_folder_error(tmp_path, "manifest.json: missing")
     (tmp_path / "manifest.json").write_text("{not json")
     expect_folder_error(tmp_path, "not valid JSON")
+
+
+def test_an_exported_folder_follows_the_umask(tiny_folder):
+    """A folder exported by one account is served by another: folders and files get the modes the umask gives
+    (the weights were 0600 and the folder 0700)."""
+    mask = umask()
+    for path in [tiny_folder, *tiny_folder.rglob("*")]:
+        want = (0o777 if path.is_dir() else 0o666) & ~mask
+        assert stat.S_IMODE(path.stat().st_mode) == want, f"{path}: {oct(stat.S_IMODE(path.stat().st_mode))}"

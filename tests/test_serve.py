@@ -35,8 +35,8 @@ def server(tiny_folder):
     ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(application(str(tiny_folder), backend="onnxruntime", threads=1, max_batch=4, max_images=MAX_IMAGES),
-                  name="vvs")
+        serve.run(application(str(tiny_folder), backend="onnxruntime", threads=1, max_batch=4, max_images=MAX_IMAGES,
+                              max_request_bytes=1 << 20), name="vvs")
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
@@ -92,6 +92,10 @@ BAD = [
     (b'{"conditions": [1', "application/json", 400, "malformed JSON"),
     (b"[1, 2]", "application/json", 400, "JSON object"),
     (json.dumps({"conditions": [1]}).encode(), "text/plain", 415, "application/json"),
+    (json.dumps({"conditions": [2**70]}).encode(), "application/json", 400, f"class id {2**70} is out of range"),
+    (b"[" * 100000 + b"]" * 100000, "application/json", 400, "nested too deeply"),
+    (json.dumps({"conditions": [1], "seed": 0, "pad": "x" * (2 << 20)}).encode(), "application/json", 413,
+     "request body over 1048576 bytes"),
 ]
 
 

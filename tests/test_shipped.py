@@ -97,7 +97,8 @@ def test_mar_weights_match_their_description():
 
 
 def test_mar_samples_show_their_class(classifier):
-    """One AR and one CSpD image per class with the shipped defaults: both recognisably class-conditional."""
+    """One AR and one CSpD image for every other class with the shipped defaults: both recognisably
+    class-conditional."""
     from vvs.engines.mar import torch_mar_engines
     from vvs.models.bundle import load_mar_bundle
     from vvs.runtime.mar_pipeline import MARPipeline
@@ -105,7 +106,7 @@ def test_mar_samples_show_their_class(classifier):
     b = load_mar_bundle()
     pipe = MARPipeline(torch_mar_engines(b.target, b.draft, b.tokenizer, b.image_size,
                                          default_options=b.decoding_defaults))
-    labels = torch.arange(16)
+    labels = torch.arange(0, 16, 2)
     for mode in ("ar", "cspd"):
         gen = pipe.generate(labels, mode=mode, seed=0)
         assert gen.tokens.abs().max() < 3.5  # the clipped sampler keeps latents in their range

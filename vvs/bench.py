@@ -104,8 +104,8 @@ def run_benchmark(pipe: Pipeline, settings: list[Setting], classes: list[int], s
     warm = labels[: min(len(labels), batch_size)]
     for s in settings:
         pipe.generate(warm[:1], seed=10_000, decode_images=False, **s.overrides)
-    total = seeds * len(settings)
-    bar = tqdm(total=total, desc="bench", disable=not progress, dynamic_ncols=True)
+    total = seeds * len(settings) * len(labels)
+    bar = tqdm(total=total, desc="bench", unit="img", disable=not progress, dynamic_ncols=True)  # ETA per image
     for seed in range(seeds):
         order = settings[seed % len(settings):] + settings[: seed % len(settings)]
         for s in order:
@@ -116,6 +116,7 @@ def run_benchmark(pipe: Pipeline, settings: list[Setting], classes: list[int], s
                 tokens.append(g.tokens)
                 images.append(g.images)
                 stats += g.stats
+                bar.update(len(g.stats))
             r = runs[s.label]
             r.seconds.append(sum(st.seconds for st in stats) / len(stats))
             r.stats += stats
@@ -123,7 +124,6 @@ def run_benchmark(pipe: Pipeline, settings: list[Setting], classes: list[int], s
                 r.quality.append(instruments.evaluate(torch.cat(images), torch.cat(tokens), labels))
             if seed == 0:
                 r.images = torch.cat(images)
-            bar.update(1)
     bar.close()
     return summarize(runs, settings), {label: r.images for label, r in runs.items()}
 

@@ -600,6 +600,8 @@ def train_main():
               help="Images a replica lets wait; beyond it requests get 503 (retry).")
 @click.option("--max-images", type=click.IntRange(1), default=64, show_default=True,
               help="Images per request; more gets 413.")
+@click.option("--max-request-mb", type=click.FloatRange(min=0, min_open=True), default=64, show_default=True,
+              help="Request body size limit in MiB; larger bodies get 413.")
 @click.option("--gpus-per-replica", type=click.FloatRange(min=0), default=None,
               help="GPUs Ray reserves per replica (default: 1 for a CUDA device or TensorRT backend, else 0).")
 @click.option("--cpus-per-replica", type=click.FloatRange(min=0), default=None,
@@ -609,15 +611,19 @@ def train_main():
 @click.option("--address", default=None, help="Ray cluster to join (e.g. ray://head:10001 or auto); default: a "
                                                 "new local instance.")
 def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_replicas, target_ongoing_requests,
-              max_batch, max_queue, max_images, gpus_per_replica, cpus_per_replica, host, port, address):
+              max_batch, max_queue, max_images, max_request_mb, gpus_per_replica, cpus_per_replica, host, port,
+              address):
     from vvs.engines import check_device
-    from vvs.engines.manifest import is_mar, read_manifest
+    from vvs.engines.manifest import is_mar, read_manifest, verify_files
 
     check_device(device)
     folder = Path(engine_dir).resolve()  # replicas run in other working directories
-    if is_mar(read_manifest(folder)):
+    manifest = read_manifest(folder)
+    if is_mar(manifest):
         raise VVSError(f"{engine_dir}: holds a MAR model; vvs-serve serves LlamaGen folders so far (run MAR folders "
                        "with vvs-run, vvs-bench or vvs.runtime.mar_pipeline.MARPipeline)")
+    verify_files(folder, manifest, hashes=False)  # before Ray starts; each replica checks the sha256 as it loads
+    check_port_free(host, port)
     if min_replicas is not None and max_replicas is None:
         raise click.UsageError("--min-replicas needs --max-replicas (autoscaling)")
     autoscaling = None
@@ -642,13 +648,27 @@ def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_
     serve.start(http_options={"host": host, "port": port})
     serve.run(application(str(folder), backend=backend, device=device, threads=threads, max_batch=max_batch,
                           max_queue=max_queue, max_images=max_images, replicas=replicas, autoscaling=autoscaling,
-                          gpus_per_replica=gpus_per_replica, cpus_per_replica=cpus_per_replica), name="vvs")
+                          gpus_per_replica=gpus_per_replica, cpus_per_replica=cpus_per_replica,
+                          max_request_bytes=int(max_request_mb * (1 << 20))), name="vvs")
     click.echo(f"vvs-serve: serving {folder} at http://{host}:{port}/v1/generate (Ctrl-C stops)", err=True)
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         serve.shutdown()
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port another server listens on, instead of sharing its traffic."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed server's TIME_WAIT does not count
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise VVSError(f"option --port {port}: {host}:{port} is not free ({err.strerror or err}; another "
+                           "vvs-serve?); choose another --port or stop that server") from None
 
 
 def serve_main():

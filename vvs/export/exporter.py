@@ -29,6 +29,7 @@ from vvs.engines.manifest import (CALIBRATION, FORMAT, MANIFEST, TABLES, TORCH_W
                                   read_manifest)
 from vvs.errors import VVSError
 from vvs.export.graphs import build_graphs, draft_tree_graph
+from vvs.files import follow_umask
 from vvs.export.onnx_export import OPSET, export_graph
 from vvs.export.spec import DTYPES, GraphSpec, draft_tree_spec, graph_specs
 from vvs.models.bundle import ModelBundle
@@ -131,6 +132,7 @@ def folder_transaction(out_dir: Path, force: bool):
     work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.vvs-export-{os.getpid()}-", dir=out_dir.parent))
     try:
         yield work
+        follow_umask(work)
         _replace_dir(work, out_dir)
     except OSError as err:  # a full disk, a folder that vanished: nothing was replaced
         shutil.rmtree(work, ignore_errors=True)

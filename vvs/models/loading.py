@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vvs.errors import VVSError
+from vvs.files import follow_umask
 from vvs.models.drafter import Drafter, DrafterConfig
 from vvs.models.gpt import GPT, GPTConfig
 from vvs.models.kl_vae import AutoencoderKL, KLConfig
@@ -263,5 +264,6 @@ def save_model(model: nn.Module, path, kind: str, extra: dict[str, str] | None =
     tmp = path.with_name(path.name + ".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(state, tmp, metadata=meta)
+    follow_umask(tmp)
     os.replace(tmp, path)
     return path

@@ -9,8 +9,8 @@
 
 answers ``{"images": [base64 PNG, ...], "tokens": [[ids], ...], "stats": [{...}, ...], "options": {...}}``
 (``images`` is omitted with ``"decode": false``). Every refusal is ``{"error": "one line"}`` with a 4xx or 5xx
-status: 400 bad JSON or values, 404/405 unknown route or method, 413 too many images, 415 not JSON, 503 queue
-full (retry), 504 timed out.
+status: 400 bad JSON or values, 404/405 unknown route or method, 413 too many images or too large a body, 415 not
+JSON, 503 queue full (retry), 504 timed out.
 """
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ def parse_generate(body: bytes, content_type: str | None, text_conditional: bool
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ApiError(400, f"malformed JSON: {err}") from None
+    except RecursionError:
+        raise ApiError(400, "JSON nested too deeply for a generate request") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the body must be a JSON object with {', '.join(FIELDS)}")
     unknown = sorted(set(data) - set(FIELDS))

@@ -24,17 +24,19 @@ from vvs.runtime.scheduler import Busy, RequestTimeout
 from vvs.serve.api import ApiError, generation_response, parse_generate
 
 
+MAX_REQUEST_BYTES = 64 << 20  # a request body; text-conditional requests carry caption embeddings as JSON
 STALL_LIMIT_S = 300.0  # far above one decoding cycle (milliseconds on a GPU, about 0.1 s here on 2 CPU cores)
 
 
 class VVSServer:
     def __init__(self, engine_dir: str, backend: str = "auto", device: str | None = None, threads: int | None = None,
-                 max_batch: int = 16, max_queue: int = 256, max_images: int = 64):
+                 max_batch: int = 16, max_queue: int = 256, max_images: int = 64,
+                 max_request_bytes: int = MAX_REQUEST_BYTES):
         if threads is not None:  # Ray limits a replica's torch to its CPU reservation (OMP_NUM_THREADS)
             torch.set_num_threads(threads)
         self.pipe = Pipeline(load_engines(engine_dir, backend, device=device, threads=threads),
                              max_batch=max_batch, max_queue=max_queue)
-        self.max_images = max_images
+        self.max_images, self.max_request_bytes = max_images, max_request_bytes
         self.requests = metrics.Counter("vvs_requests", "Generate requests by outcome.", tag_keys=("status",))
         self.images = metrics.Counter("vvs_images", "Images generated.")
         self.latency = metrics.Histogram("vvs_request_seconds", "Generate request latency (decoded images).",
@@ -62,7 +64,7 @@ class VVSServer:
     async def _generate(self, request: Request) -> JSONResponse:
         job = None
         try:
-            req = parse_generate(await request.body(), request.headers.get("content-type"),
+            req = parse_generate(await _body(request, self.max_request_bytes), request.headers.get("content-type"),
                                  self.pipe.engines.target.model_type == "t2i", self.max_images)
             job = self.pipe.submit(req.conditions, req.mode, req.seed, caption_mask=req.caption_mask,
                                    timeout=req.timeout, **req.options)
@@ -107,6 +109,21 @@ class VVSServer:
             raise VVSError(f"no decoding progress for {stalled:.0f} s")
 
 
+async def _body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) as soon as it is known to exceed ``limit`` bytes."""
+    too_big = ApiError(413, f"request body over {limit} bytes; send fewer images per request")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": message.splitlines()[0] if message else "error"}, status_code=status,
                         headers=headers)
@@ -115,7 +132,7 @@ def _error(status: int, message: str, headers: dict | None = None) -> JSONRespon
 def application(engine_dir: str, *, backend: str = "auto", device: str | None = None, threads: int | None = None,
                 max_batch: int = 16, max_queue: int = 256, max_images: int = 64, replicas: int = 1,
                 autoscaling: dict | None = None, gpus_per_replica: float = 0, cpus_per_replica: float = 1,
-                max_ongoing_requests: int | None = None):
+                max_ongoing_requests: int | None = None, max_request_bytes: int = MAX_REQUEST_BYTES):
     """The bound Ray Serve application. ``autoscaling`` (Ray's ``autoscaling_config``: ``min_replicas``,
     ``max_replicas``, ``target_ongoing_requests``, ...) replaces the fixed ``replicas``. ``threads`` (the backend's
     and torch's, per replica) defaults to the replica's CPU reservation."""
@@ -127,4 +144,4 @@ def application(engine_dir: str, *, backend: str = "auto", device: str | None = 
         # a replica takes more requests than it decodes at once, so that they can join its running batches
         max_ongoing_requests=max_ongoing_requests or max(max_batch * 2, 8),
         health_check_period_s=5, health_check_timeout_s=30)
-    return deployment.bind(engine_dir, backend, device, threads, max_batch, max_queue, max_images)
+    return deployment.bind(engine_dir, backend, device, threads, max_batch, max_queue, max_images, max_request_bytes)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from vvs.files import follow_umask
 from vvs.models.latents import VQLatents
 from vvs.models.mar import MAR, mar_config, patchify
 from vvs.models.vq import VQModel
@@ -137,6 +138,7 @@ def reproduce_mar(out_dir: Path, vq_path: Path, seed: int = 0) -> Path:
         tmp = path.with_name(path.name + ".tmp")
         save_file({k: v.half().contiguous() for k, v in model.state_dict().items()}, tmp,
                   metadata={"vvs_kind": "mar", "vvs_config": json.dumps(model.config.to_dict())})
+        follow_umask(tmp)
         os.replace(tmp, path)
         files[role] = {"file": path.name, "sha256": sha256(path), "bytes": path.stat().st_size,
                        "config": model.config.to_dict(), "metrics": metrics[role]}

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vvs.engines.manifest import sha256
+from vvs.files import follow_umask
 from vvs.models.gpt import GPT
 from vvs.models.loading import load_drafter, load_gpt, load_state, load_vq, read_checkpoint, save_model
 from vvs.quality import ClassifierConfig, PhotoClassifier
@@ -119,6 +120,7 @@ def ship(out_dir: Path, models: dict, metrics: dict, seed: int, seconds: float) 
         tmp = path.with_name(path.name + ".tmp")
         save_file({k: t.contiguous() for k, t in state.items()}, tmp,
                   metadata={"vvs_kind": KIND[name], "vvs_config": json.dumps(model.config.to_dict())})
+        follow_umask(tmp)
         os.replace(tmp, path)
         files[name] = {"file": path.name, "sha256": sha256(path), "bytes": path.stat().st_size,
                        "config": model.config.to_dict(), "metrics": metrics.get(name, {})}
