@@ -72,12 +72,12 @@ def main():
     from ray import serve
 
     from vvs.serve.client import Client
-    from vvs.serve.deployment import application
+    from vvs.serve.deployment import application, start_ray
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    start_ray(num_cpus=2, logging_level="ERROR", log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     client = Client(f"http://127.0.0.1:{port}", timeout=3600)
 

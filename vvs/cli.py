@@ -638,13 +638,12 @@ def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_
     if gpus_per_replica is None:
         gpus_per_replica = 1 if backend in ("tensorrt", "tensorrt-rtx") or (device or "").startswith("cuda") else 0
     try:
-        import ray
         from ray import serve
 
-        from vvs.serve.deployment import application
+        from vvs.serve.deployment import application, start_ray
     except ImportError as err:
         raise VVSError(f"vvs-serve needs Ray Serve ({err.name} is missing): pip install 'vvs[serve]'") from None
-    ray.init(address=address, include_dashboard=False, logging_level="WARNING")
+    start_ray(address, logging_level="WARNING")
     serve.start(http_options={"host": host, "port": port})
     serve.run(application(str(folder), backend=backend, device=device, threads=threads, max_batch=max_batch,
                           max_queue=max_queue, max_images=max_images, replicas=replicas, autoscaling=autoscaling,

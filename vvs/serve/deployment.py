@@ -8,6 +8,7 @@ into running batches (continuous batching). Routes: ``POST /v1/generate`` (:mod:
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import torch
@@ -127,6 +128,18 @@ async def _body(request: Request, limit: int) -> bytes:
 def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": message.splitlines()[0] if message else "error"}, status_code=status,
                         headers=headers)
+
+
+def start_ray(address: str | None = None, **init) -> None:
+    """Join the Ray cluster at ``address``, or start a local instance whose workers run at normal priority: Ray
+    starts workers at nice 15 unless told otherwise, and replicas at nice 15 yield the cores to every other process
+    on the machine (the clients, other services). A cluster's own setting is left alone, and
+    ``RAY_worker_niceness`` in the environment still wins."""
+    import ray
+
+    if address is None:
+        os.environ.setdefault("RAY_worker_niceness", "0")
+    ray.init(address=address, include_dashboard=False, **init)
 
 
 def application(engine_dir: str, *, backend: str = "auto", device: str | None = None, threads: int | None = None,
