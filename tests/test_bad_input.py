@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import run_cli
-from vvs.cli import bench_main, export_main, run_main, serve_main
+from vvs.cli import bench_main, export_main, run_main, serve_main, train_main
 from vvs.engines import load_engines
 from vvs.engines.manifest import EngineFolderError
 from vvs.errors import VVSError
@@ -210,6 +210,7 @@ def test_a_manifest_of_the_wrong_shape_is_one_error_naming_the_field(folder, tmp
     (["--mode", "vvs,turbo"], "option --mode 'turbo': unknown"),
     (["--cfg", "nan"], "option --cfg nan: must be a finite number"),
     (["--num-seeds", "0"], "--num-seeds"),
+    (["--mode", "ar,vvs", "--sweep", "skip_interval=3,0"], "option --sweep skip_interval=0: must be >= 1"),
 ])
 def test_vvs_bench_bad_arguments(folder, tmp_path, capsys, monkeypatch, args, message):
     code, _, err = run_cli(bench_main, ["--engine", folder, "--out", tmp_path / "b", "--num-images", "2", *args],
@@ -423,3 +424,17 @@ def test_a_damaged_cached_tree_graph_is_detected_and_exported_again(folder):
     again = Pipeline(load_engines(folder, "onnxruntime", threads=1)).generate(torch.tensor([1, 2]), **options)
     assert torch.equal(again.tokens, first.tokens)
     assert graph.read_bytes() == good
+
+
+@pytest.mark.parametrize("command", ["all", "mar"])
+def test_train_checks_its_output_folder_before_training(tmp_path, capsys, monkeypatch, command):
+    """A folder that cannot be written (here: below a file) is one line and exit 2 before any training."""
+    import vvs.train.mar
+    import vvs.train.shipped
+
+    monkeypatch.setattr(vvs.train.shipped, "reproduce", lambda *a: pytest.fail("trained before checking --out"))
+    monkeypatch.setattr(vvs.train.mar, "reproduce_mar", lambda *a: pytest.fail("trained before checking --out"))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _, err = run_cli(train_main, [command, "--out", blocker / "runs"], capsys, monkeypatch)
+    assert "cannot write output there" in one_line_error(code, err, "vvs-train")

@@ -443,7 +443,8 @@ def run_main():
               help="Folder for results.json, table.md, pareto.png and sample grids.")
 def bench_cmd(engine_dir, backend, device, modes, classes, num_images, seed, num_seeds, batch_size, sweep, threads,
               tune, scale, out, **decoding):
-    from vvs.bench import load_instruments, machine, make_settings, parse_sweep, run_benchmark, write_results
+    from vvs.bench import (OPTION_OF, load_instruments, machine, make_settings, parse_sweep, run_benchmark,
+                           write_results)
     from vvs.engines import load_engines
     from vvs.engines.manifest import MANIFEST, is_mar, read_manifest
     from vvs.output import ensure_writable_dir
@@ -475,11 +476,20 @@ def bench_cmd(engine_dir, backend, device, modes, classes, num_images, seed, num
         raise VVSError("option --num-images: the quality statistics (FID) need at least 2 images per seed set")
     mode_names = MAR_MODE_NAMES if mar else MODE_NAMES
     default_modes = ["ar", "cspd"] if mar else "ar,sd,lantern,vvs-uniform,vvs-dynamic".split(",")
-    settings = make_settings(resolve_modes(modes, default_modes, mode_names), parse_sweep(sweep), mode_names)
+    swept = parse_sweep(sweep)
+    settings = make_settings(resolve_modes(modes, default_modes, mode_names), swept, mode_names)
     overrides = family_overrides(decoding, mar)
     engines = load_engines(engine_dir, backend, device, threads)
     pipe = make_pipeline(engines, batch_size)
     pipe.options = pipe.options_for(**overrides)
+    for s in settings:  # every setting before any long work (tuning, the runs), named as the user gave it
+        try:
+            pipe.options_for(**s.overrides)
+        except OptionsError as err:
+            key = next((k for k in swept if OPTION_OF.get(k, k) == err.option), None)
+            if key is None:
+                raise
+            raise VVSError(f"option --sweep {key}={err.value}: {err.why}") from None
     labels = labels[:num_images]
     if tune:
         from vvs.export.exporter import write_defaults
@@ -514,8 +524,10 @@ def train_cmd():
 @click.option("--out", type=click.Path(file_okay=False), default="runs/shipped", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 def train_all(out, seed):
+    from vvs.output import ensure_writable_dir
     from vvs.train.shipped import reproduce
 
+    ensure_writable_dir(Path(out))
     weights = reproduce(Path(out), seed)
     click.echo(f"wrote {weights} (copy its files to vvs/weights/ to ship them); curves: {Path(out) / 'training_curves.png'}")
 
@@ -528,8 +540,10 @@ def train_all(out, seed):
               help="The VQ tokenizer whose latents the pair models. Default: the shipped one.")
 def train_mar_cmd(out, seed, vq):
     from vvs.models.bundle import shipped_path
+    from vvs.output import ensure_writable_dir
     from vvs.train.mar import reproduce_mar
 
+    ensure_writable_dir(Path(out))
     weights = reproduce_mar(Path(out), Path(vq) if vq else shipped_path("vq"), seed)
     click.echo(f"wrote {weights} (copy mar_*.safetensors and shipped_mar.json to vvs/weights/ to ship them)")
 
@@ -551,8 +565,10 @@ def train_drafter_cmd(checkpoint, config, t2i, data, out, steps, batch, lr, seed
     import torch
 
     from vvs.models import gpt_config, load_gpt, save_model
+    from vvs.output import ensure_writable_dir
     from vvs.train.drafter import train_drafter
 
+    ensure_writable_dir(Path(out))
     try:
         cfg = gpt_config(config, **({"model_type": "t2i"} if t2i else {})) if config else None
     except KeyError as err:
