@@ -261,6 +261,20 @@ def test_export_into_the_current_folder_is_refused(tmp_path, capsys, monkeypatch
     assert (tmp_path / "keep.txt").read_text() == "x"
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--backend", "tensorrt-rtx", "--compute-capability", "99.x"], "option --compute-capability '99.x': write "
+                                                                     "major.minor"),
+    (["--compute-capability", "8.9"], "option --compute-capability: needs --backend tensorrt-rtx"),
+])
+def test_export_refuses_bad_build_options_before_exporting(tmp_path, capsys, monkeypatch, args, message):
+    import vvs.export.exporter
+
+    monkeypatch.setattr(vvs.export.exporter, "export_folder", lambda *a, **k: pytest.fail("exported first"))
+    code, _, err = run_cli(export_main, ["--out", tmp_path / "engines", *args], capsys, monkeypatch)
+    assert message in one_line_error(code, err, "vvs-export")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_export_cleans_what_a_killed_export_left(bundle_factory, tmp_path):
     stale = tmp_path / ".engines.vvs-export-999999999-abc"
     stale.mkdir()
