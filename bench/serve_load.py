@@ -1,6 +1,7 @@
 """Load test: the same requests one by one, from concurrent threads on one Pipeline (continuous batching), and over
 HTTP through vvs-serve (Ray Serve) with 1 and 2 replicas. Prints a markdown table of images/s and p50/p95 latency
-and counts requests whose tokens differ from the one-by-one run.
+and counts requests whose tokens differ from the one-by-one run; for the HTTP rows, the median of each phase the
+replica reports (Server-Timing: request, tokens, pixels, encode) and the rest of the latency (HTTP and Ray's proxy).
 
     .venv/bin/vvs-export --model llamagen --force      # the shipped model's engine folder, once
     .venv/bin/python bench/serve_load.py --engine engines --mode vvs --requests 24
@@ -34,11 +35,16 @@ def load(call, requests, concurrency: int) -> tuple[float, list[float], list]:
     return time.perf_counter() - start, [t for t, _ in done], [o for _, o in done]
 
 
-def row(name: str, concurrency: int, wall: float, latencies: list[float], tokens: list, reference: list) -> dict:
+def row(name: str, concurrency: int, wall: float, latencies: list[float], tokens: list, reference: list,
+        phases: list[dict] | None = None) -> dict:
     q = statistics.quantiles(latencies, n=20, method="inclusive")
-    return {"setting": name, "clients": concurrency, "images_per_s": len(latencies) / wall,
-            "p50_s": statistics.median(latencies), "p95_s": q[18], "wall_s": wall,
-            "differ": sum(a != b for a, b in zip(tokens, reference))}
+    out = {"setting": name, "clients": concurrency, "images_per_s": len(latencies) / wall,
+           "p50_s": statistics.median(latencies), "p95_s": q[18], "wall_s": wall,
+           "differ": sum(a != b for a, b in zip(tokens, reference))}
+    if phases:
+        out["server_p50_s"] = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
+        out["outside_replica_p50_s"] = statistics.median(t - sum(p.values()) for t, p in zip(latencies, phases))
+    return out
 
 
 def main():
@@ -82,7 +88,8 @@ def main():
     client = Client(f"http://127.0.0.1:{port}", timeout=3600)
 
     def http(request):
-        return client.generate(request[0], mode=args.mode, seed=request[1]).tokens
+        result = client.generate(request[0], mode=args.mode, seed=request[1])
+        return result.tokens, result.server_seconds
 
     for replicas in [int(r) for r in args.replicas.split(",")]:
         serve.run(application(str(Path(args.engine).resolve()), backend="onnxruntime", max_batch=args.max_batch,
@@ -90,9 +97,9 @@ def main():
         for _ in range(replicas * 2):
             http(([0], 10_000))  # warm-up, reaching every replica
         for c in levels:
-            wall, latencies, tokens = load(http, requests, c)
+            wall, latencies, answers = load(http, requests, c)
             rows.append(row(f"vvs-serve, {replicas} replica{'s' if replicas > 1 else ''}", c, wall, latencies,
-                            tokens, reference))
+                            [t for t, _ in answers], reference, [p for _, p in answers]))
         serve.delete("vvs")
     serve.shutdown()
     ray.shutdown()
@@ -104,6 +111,12 @@ def main():
     for r in rows:
         print(f"| {r['setting']} | {r['clients']} | {r['images_per_s']:.2f} | {r['p50_s']:.2f} | {r['p95_s']:.2f} | "
               f"{r['differ']} |")
+    print("\n| setting | clients | replica: request / tokens / pixels / encode ms (p50) | outside the replica ms |")
+    print("|---|---|---|---|")
+    for r in rows:
+        if "server_p50_s" in r:
+            split = " / ".join(f"{1000 * v:.1f}" for v in r["server_p50_s"].values())
+            print(f"| {r['setting']} | {r['clients']} | {split} | {1000 * r['outside_replica_p50_s']:.1f} |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
 

@@ -173,3 +173,16 @@ def test_a_killed_replica_fails_its_request_clearly_and_is_restarted(server):
             assert time.monotonic() < deadline, "no replica came back"
             time.sleep(0.5)
     assert len(client.generate([3], mode="ar", decode=False).tokens) == 1
+
+
+def test_the_replica_reports_its_phases_in_server_timing(server):
+    """Server-Timing splits a request's time in the replica (read and parse, tokens, pixels, PNG encoding), so the
+    rest of a client's latency is the network and Ray's proxy."""
+    client = Client(server, timeout=120)
+    start = time.perf_counter()
+    result = client.generate([3], mode="vvs", seed=1)
+    latency = time.perf_counter() - start
+    phases = result.server_seconds
+    assert list(phases) == ["request", "tokens", "pixels", "encode"]
+    assert phases["tokens"] > 0 and all(v >= 0 for v in phases.values())
+    assert sum(phases.values()) < latency

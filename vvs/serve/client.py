@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from email.message import Message
 
 from vvs.errors import VVSError
 
@@ -32,6 +33,7 @@ class Result:
     tokens: list[list[int]]
     stats: list[dict]
     options: dict
+    server_seconds: dict[str, float]  # the replica's phases (Server-Timing): request, tokens, pixels, encode
 
 
 class Client:
@@ -49,26 +51,27 @@ class Client:
             body["caption_mask"] = _plain(caption_mask)
         if timeout is not None:
             body["timeout"] = timeout
-        data = self._request("POST", "/v1/generate", body)
+        data, headers = self._request("POST", "/v1/generate", body)
         from PIL import Image
 
         images = [Image.open(io.BytesIO(base64.b64decode(png))) for png in data.get("images", [])]
-        return Result(images, data["tokens"], data["stats"], data["options"])
+        return Result(images, data["tokens"], data["stats"], data["options"],
+                      parse_server_timing(headers.get("Server-Timing", "")))
 
     def model(self) -> dict:
-        return self._request("GET", "/v1/model")
+        return self._request("GET", "/v1/model")[0]
 
     def health(self) -> dict:
-        return self._request("GET", "/healthz")
+        return self._request("GET", "/healthz")[0]
 
-    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+    def _request(self, method: str, path: str, body: dict | None = None) -> tuple[dict, Message]:
         request = urllib.request.Request(self.url + path, method=method,
                                          data=None if body is None else json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         for attempt in range(self.busy_retries + 1):
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return json.loads(response.read())
+                    return json.loads(response.read()), response.headers  # case-insensitive lookups
             except urllib.error.HTTPError as err:
                 if err.code == 503 and attempt < self.busy_retries:
                     time.sleep(float(err.headers.get("Retry-After", 1)))
@@ -77,6 +80,21 @@ class Client:
             except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
                 raise ServeError(0, f"could not reach {self.url}: {getattr(err, 'reason', err)}") from None
         raise AssertionError("unreachable")
+
+
+def parse_server_timing(header: str) -> dict[str, float]:
+    """``name;dur=ms, ...`` -> seconds by name (entries without a duration are left out)."""
+    phases = {}
+    for entry in header.split(","):
+        name, _, params = entry.strip().partition(";")
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "dur":
+                try:
+                    phases[name] = float(value) / 1000
+                except ValueError:
+                    pass
+    return phases
 
 
 def _message(status: int, body: bytes) -> str:

@@ -64,16 +64,20 @@ class VVSServer:
 
     async def _generate(self, request: Request) -> JSONResponse:
         job = None
+        marks = [time.perf_counter()]
         try:
             req = parse_generate(await _body(request, self.max_request_bytes), request.headers.get("content-type"),
                                  self.pipe.engines.target.model_type == "t2i", self.max_images)
+            marks.append(time.perf_counter())
             job = self.pipe.submit(req.conditions, req.mode, req.seed, caption_mask=req.caption_mask,
                                    timeout=req.timeout, **req.options)
             await asyncio.wrap_future(job.future)
             gen = job.result()
+            marks.append(time.perf_counter())
             if req.decode:  # pixels off the event loop, so other requests keep flowing
                 gen.images, gen.decode_seconds = await asyncio.get_running_loop().run_in_executor(
                     None, self.pipe.decode, gen.tokens)
+            marks.append(time.perf_counter())
         except asyncio.CancelledError:  # the client went away: free the batch slots now
             if job is not None:
                 job.cancel()
@@ -89,7 +93,9 @@ class VVSServer:
         except VVSError as err:
             return _error(500, str(err))
         self.images.inc(len(gen.stats))
-        return JSONResponse(generation_response(gen))
+        body = generation_response(gen)
+        marks.append(time.perf_counter())
+        return JSONResponse(body, headers={"Server-Timing": server_timing(marks)})
 
     async def model(self, request: Request) -> JSONResponse:
         cfg = self.pipe.engines.target
@@ -108,6 +114,15 @@ class VVSServer:
         stalled = self.pipe.scheduler.stalled_for()
         if stalled > STALL_LIMIT_S:
             raise VVSError(f"no decoding progress for {stalled:.0f} s")
+
+
+TIMING_PHASES = ("request", "tokens", "pixels", "encode")  # read + parse, queue + decode, VQ decode, PNG + base64
+
+
+def server_timing(marks: list[float]) -> str:
+    """A ``Server-Timing`` header (milliseconds) from the phase boundaries of one request, so a client can tell
+    the replica's time from the network's and the proxy's."""
+    return ", ".join(f"{name};dur={1000 * (b - a):.1f}" for name, a, b in zip(TIMING_PHASES, marks, marks[1:]))
 
 
 async def _body(request: Request, limit: int) -> bytes:
