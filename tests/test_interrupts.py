@@ -1,6 +1,7 @@
 """Interrupting a command as a user does: Ctrl-C (SIGINT) and SIGTERM while images are being generated, in a real
 subprocess. The process exits 130 / 143 with one line, never aborts inside a native call, keeps the images it
-finished in an empty folder, and leaves an earlier run that --overwrite was replacing exactly as it was."""
+finished in an empty folder, and leaves an earlier run that --overwrite was replacing exactly as it was; vvs-serve
+answers the request it is decoding before it stops."""
 import json
 import signal
 import subprocess
@@ -59,3 +60,57 @@ def test_an_interrupted_overwrite_leaves_the_earlier_run_as_it_was(tiny_folder, 
     assert returncode == 130, err
     assert snapshot(out) == before
     assert not (out / ".vvs-run-staging").exists() and not (out / ".vvs-run.lock").exists()
+
+
+def test_vvs_serve_drains_in_flight_requests_when_interrupted(tiny_folder):
+    """Ctrl-C on vvs-serve (a real Ray instance in a subprocess): the request being decoded still gets its 200 (it
+    was cut off before), and the process exits 130 with one line."""
+    import socket
+    import threading
+    import urllib.error
+    import urllib.request
+
+    pytest.importorskip("ray", reason="the serve extra is installed by the test set-up")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-c", "from vvs.cli import serve_main; serve_main()", "--engine",
+                             str(tiny_folder), "--port", str(port), "--max-batch", "1", "--threads", "1",
+                             "--grace-s", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(url + "/healthz", timeout=2).read()
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                assert proc.poll() is None and time.monotonic() < deadline, "vvs-serve did not come up"
+                time.sleep(0.3)
+
+        def post(classes):
+            body = json.dumps({"conditions": classes, "mode": "sd", "decode": False}).encode()
+            request = urllib.request.Request(url + "/v1/generate", data=body,
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=120) as response:
+                    return response.status
+            except urllib.error.HTTPError as err:
+                return err.code
+
+        answer = {}
+        start = time.monotonic()
+        worker = threading.Thread(target=lambda: answer.update(status=post([i % 10 for i in range(64)]),
+                                                               seconds=time.monotonic() - start))
+        worker.start()
+        time.sleep(1.0)
+        signalled = time.monotonic() - start
+        proc.send_signal(signal.SIGINT)
+        worker.join(120)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert answer["status"] == 200 and answer["seconds"] > signalled, answer
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "vvs-serve: interrupted"
+    assert "Traceback" not in err

@@ -618,6 +618,8 @@ def train_main():
               help="Images per request; more gets 413.")
 @click.option("--max-request-mb", type=click.FloatRange(min=0, min_open=True), default=64, show_default=True,
               help="Request body size limit in MiB; larger bodies get 413.")
+@click.option("--grace-s", type=click.FloatRange(min=0), default=30, show_default=True,
+              help="On Ctrl-C or SIGTERM, seconds in-flight requests may take to finish before the replicas stop.")
 @click.option("--gpus-per-replica", type=click.FloatRange(min=0), default=None,
               help="GPUs Ray reserves per replica (default: 1 for a CUDA device or TensorRT backend, else 0).")
 @click.option("--cpus-per-replica", type=click.FloatRange(min=0), default=None,
@@ -627,7 +629,7 @@ def train_main():
 @click.option("--address", default=None, help="Ray cluster to join (e.g. ray://head:10001 or auto); default: a "
                                                 "new local instance.")
 def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_replicas, target_ongoing_requests,
-              max_batch, max_queue, max_images, max_request_mb, gpus_per_replica, cpus_per_replica, host, port,
+              max_batch, max_queue, max_images, max_request_mb, grace_s, gpus_per_replica, cpus_per_replica, host, port,
               address):
     from vvs.engines import check_device
     from vvs.engines.manifest import is_mar, read_manifest, verify_files
@@ -664,13 +666,16 @@ def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_
     serve.run(application(str(folder), backend=backend, device=device, threads=threads, max_batch=max_batch,
                           max_queue=max_queue, max_images=max_images, replicas=replicas, autoscaling=autoscaling,
                           gpus_per_replica=gpus_per_replica, cpus_per_replica=cpus_per_replica,
-                          max_request_bytes=int(max_request_mb * (1 << 20))), name="vvs")
+                          max_request_bytes=int(max_request_mb * (1 << 20)), grace_s=grace_s), name="vvs")
     click.echo(f"vvs-serve: serving {folder} at http://{host}:{port}/v1/generate (Ctrl-C stops)", err=True)
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
+        click.echo(f"vvs-serve: stopping; in-flight requests have up to {grace_s:g} s to finish", err=True)
+        serve.delete("vvs")  # the proxy stays up while the replicas drain, so in-flight answers still reach clients
         serve.shutdown()
+        raise
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -160,10 +160,12 @@ def start_ray(address: str | None = None, **init) -> None:
 def application(engine_dir: str, *, backend: str = "auto", device: str | None = None, threads: int | None = None,
                 max_batch: int = 16, max_queue: int = 256, max_images: int = 64, replicas: int = 1,
                 autoscaling: dict | None = None, gpus_per_replica: float = 0, cpus_per_replica: float = 1,
-                max_ongoing_requests: int | None = None, max_request_bytes: int = MAX_REQUEST_BYTES):
+                max_ongoing_requests: int | None = None, max_request_bytes: int = MAX_REQUEST_BYTES,
+                grace_s: float = 30.0):
     """The bound Ray Serve application. ``autoscaling`` (Ray's ``autoscaling_config``: ``min_replicas``,
     ``max_replicas``, ``target_ongoing_requests``, ...) replaces the fixed ``replicas``. ``threads`` (the backend's
-    and torch's, per replica) defaults to the replica's CPU reservation."""
+    and torch's, per replica) defaults to the replica's CPU reservation. ``grace_s``: how long a stopping replica
+    lets the requests it holds finish."""
     # not Ray's one torch thread: the runtime's own tensor work grows with the batch (16 images: 40 % slower)
     threads = threads or max(1, round(cpus_per_replica))
     deployment = serve.deployment(VVSServer, name="vvs").options(
@@ -171,5 +173,7 @@ def application(engine_dir: str, *, backend: str = "auto", device: str | None = 
         ray_actor_options={"num_gpus": gpus_per_replica, "num_cpus": cpus_per_replica},
         # a replica takes more requests than it decodes at once, so that they can join its running batches
         max_ongoing_requests=max_ongoing_requests or max(max_batch * 2, 8),
-        health_check_period_s=5, health_check_timeout_s=30)
+        health_check_period_s=5, health_check_timeout_s=30,
+        # on shutdown a replica takes no new requests and waits up to grace_s for the ones it holds
+        graceful_shutdown_timeout_s=grace_s, graceful_shutdown_wait_loop_s=0.5)
     return deployment.bind(engine_dir, backend, device, threads, max_batch, max_queue, max_images, max_request_bytes)
