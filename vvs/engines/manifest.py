@@ -86,29 +86,28 @@ def check_manifest(manifest, path: Path) -> None:
     if error is not None:
         field = ".".join(str(p) for p in error.absolute_path) or "the top level"
         raise EngineFolderError(f"{path}: {field}: {error.message}; fix the file or re-export the folder")
-    for name, build in model_configs(manifest).items():
+    for name, (config, derived) in model_configs(manifest).items():
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in manifest["model"][name].items()}
         try:
-            build()
+            built = config(**values)
+            for size in derived:  # what the loaders compute from it
+                getattr(built, size)
         except (TypeError, ValueError, ZeroDivisionError) as err:
             raise EngineFolderError(f"{path}: model.{name}: {err}; fix the file or re-export the folder") from None
 
 
 def model_configs(manifest: dict) -> dict:
-    """The config of each model in the folder, as a function that builds it and its derived sizes."""
+    """The config class of each model in the folder, and the derived sizes the loaders read from it."""
     from vvs.models.drafter import DrafterConfig
     from vvs.models.gpt import GPTConfig
     from vvs.models.mar import MARConfig
     from vvs.models.vq import VQConfig
 
-    model = manifest["model"]
     if is_mar(manifest):
-        def mar(key):
-            return lambda: (MARConfig(**model[key]).seq_len, MARConfig(**model[key]).token_embed_dim)
-
-        return {"target": mar("target"), "draft": mar("draft")}
-    return {"target": lambda: (GPTConfig(**model["target"]).num_image_tokens, GPTConfig(**model["target"]).head_dim),
-            "drafter": lambda: DrafterConfig(**model["drafter"]),
-            "vq": lambda: VQConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in model["vq"].items()})}
+        mar = (MARConfig, ("seq_len", "token_embed_dim"))
+        return {"target": mar, "draft": mar}
+    return {"target": (GPTConfig, ("num_image_tokens", "head_dim")), "drafter": (DrafterConfig, ()),
+            "vq": (VQConfig, ())}
 
 
 def sha256(path: Path) -> str:

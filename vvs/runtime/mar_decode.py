@@ -30,8 +30,6 @@ from vvs.runtime.random import ImageRandom
 from vvs.runtime.stats import ImageStats, Stopwatch
 
 
-
-
 class MaskSchedule:
     """MAR's cosine schedule: after step ``s``, ``masked_after[s]`` tokens (the first ones of the image's order) are
     still unknown; step ``s`` generates ``order[masked_after[s]:masked_before(s)]``."""

@@ -114,9 +114,9 @@ class Pipeline:
                 or tokens.shape[1] != cfg.num_image_tokens:
             raise OptionsError(f"codes must be integers [n, {cfg.num_image_tokens}], got {tokens.dtype} "
                                f"{list(tokens.shape)}")
-        if tokens.numel() and not (0 <= int(tokens.min()) and int(tokens.max()) < cfg.vocab_size):
-            raise OptionsError(f"codes must lie in [0, {cfg.vocab_size}) (the codebook's size), got "
-                               f"{int(tokens.min())}..{int(tokens.max())}")
+        low, high = (int(tokens.min()), int(tokens.max())) if tokens.numel() else (0, 0)
+        if not 0 <= low <= high < cfg.vocab_size:
+            raise OptionsError(f"codes must lie in [0, {cfg.vocab_size}) (the codebook's size), got {low}..{high}")
         start = time.perf_counter()
         images = self.engines.graphs["vq_decode"].run(codes=tokens.long().to(self.engines.device))["image"]
         return images.float().cpu(), time.perf_counter() - start
@@ -130,32 +130,29 @@ def check_timeout(timeout) -> None:
 
 
 def class_ids(conditions, num_classes: int) -> torch.Tensor:
-    """``[n]`` int64 class ids from a list, tuple or integer tensor/array; anything else is an error."""
+    """``[n]`` int64 class ids from a list, tuple or integer tensor/array; anything else is an error. The range is
+    checked on Python ints, before any tensor: ids beyond int64 would overflow one."""
     if isinstance(conditions, (torch.Tensor, np.ndarray)):
         values = torch.as_tensor(conditions)
         if values.dtype.is_floating_point or values.dtype in (torch.bool, torch.complex64, torch.complex128):
             raise OptionsError(f"class ids must be integers, got a {values.dtype} tensor")
         if values.dim() != 1:
             raise OptionsError(f"class ids must be a 1-D tensor [n], got shape {list(values.shape)}")
-        values = values.long()
+        ids = values.tolist()
     elif isinstance(conditions, (list, tuple)):
         wrong = next((c for c in conditions if not isinstance(c, (int, np.integer)) or isinstance(c, bool)), None)
         if wrong is not None:
             raise OptionsError(f"class id {wrong!r} is not an integer; pass integer class ids")
-        big = next((int(c) for c in conditions if not 0 <= int(c) < num_classes), None)
-        if big is not None:  # before the tensor: ids beyond int64 would overflow it
-            raise OptionsError(f"class id {big} is out of range: the model has {num_classes} classes "
-                               f"(0-{num_classes - 1})")
-        values = torch.tensor([int(c) for c in conditions], dtype=torch.long)
+        ids = [int(c) for c in conditions]
     else:
         raise OptionsError(f"conditions must be a list or tensor of class ids, got {type(conditions).__name__}")
-    if values.numel() == 0:
+    if not ids:
         raise OptionsError("conditions: no class ids given; pass at least one")
-    bad = values[(values < 0) | (values >= num_classes)]
-    if bad.numel():
-        raise OptionsError(f"class id {int(bad[0])} is out of range: the model has {num_classes} classes "
+    bad = next((i for i in ids if not 0 <= i < num_classes), None)
+    if bad is not None:
+        raise OptionsError(f"class id {bad} is out of range: the model has {num_classes} classes "
                            f"(0-{num_classes - 1})")
-    return values
+    return torch.tensor(ids, dtype=torch.long)
 
 
 def captions(conditions, caption_mask, slots: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
