@@ -242,12 +242,16 @@ def test_export_never_deletes_a_folder_that_only_looks_like_an_engine_folder(bun
         assert snapshot(tmp_path) == before
 
 
-def test_export_replaces_an_engine_folder_only_with_force(bundle_factory, tiny_folder, tmp_path):
+def test_export_replaces_an_engine_folder_only_with_force_and_cleans_what_a_killed_export_left(bundle_factory,
+                                                                                                 tiny_folder, tmp_path):
     eng = tmp_path / "engines"
     shutil.copytree(tiny_folder, eng)
     with pytest.raises(VVSError, match="an engine folder is already there; pass --force to replace it"):
         export_folder(bundle_factory(), eng, progress=False)
     (eng / "extra.txt").write_text("x")
+    stale = tmp_path / ".engines.vvs-export-999999999-abc"  # a killed export's work: its process is gone
+    stale.mkdir()
+    (stale / "target_verify.onnx").write_bytes(b"half")
     export_folder(bundle_factory(), eng, progress=False, force=True)
     assert not (eng / "extra.txt").exists() and (eng / "manifest.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["engines"]
@@ -275,14 +279,6 @@ def test_export_refuses_bad_build_options_before_exporting(tmp_path, capsys, mon
     assert list(tmp_path.iterdir()) == []
 
 
-def test_export_cleans_what_a_killed_export_left(bundle_factory, tmp_path):
-    stale = tmp_path / ".engines.vvs-export-999999999-abc"
-    stale.mkdir()
-    (stale / "target_verify.onnx").write_bytes(b"half")
-    export_folder(bundle_factory(), tmp_path / "engines", progress=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["engines"]
-
-
 def test_export_onto_a_full_disk_changes_nothing(bundle_factory, tiny_folder, tmp_path, monkeypatch):
     import errno
 
@@ -295,7 +291,7 @@ def test_export_onto_a_full_disk_changes_nothing(bundle_factory, tiny_folder, tm
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(exporter, "save_file", full)
+    monkeypatch.setattr(exporter, "export_graph", full)  # the first graph's write
     with pytest.raises(VVSError, match="export failed while writing \\(No space left on device\\); the folder was "
                                        "left as it was"):
         export_folder(bundle_factory(), eng, progress=False, force=True)

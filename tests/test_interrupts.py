@@ -1,15 +1,23 @@
 """Interrupting a command as a user does: Ctrl-C (SIGINT) and SIGTERM while images are being generated, in a real
 subprocess. The process exits 130 / 143 with one line, never aborts inside a native call, keeps the images it
 finished in an empty folder, and leaves an earlier run that --overwrite was replacing exactly as it was; vvs-serve
-answers the request it is decoding before it stops."""
+answers the request it is decoding before it stops, and keeps serving when a node of its cluster dies."""
+import http.client
 import json
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 RUN = [sys.executable, "-c", "from vvs.cli import run_main; run_main()"]
 
@@ -62,55 +70,165 @@ def test_an_interrupted_overwrite_leaves_the_earlier_run_as_it_was(tiny_folder, 
     assert not (out / ".vvs-run-staging").exists() and not (out / ".vvs-run.lock").exists()
 
 
-def test_vvs_serve_drains_in_flight_requests_when_interrupted(tiny_folder):
-    """Ctrl-C on vvs-serve (a real Ray instance in a subprocess): the request being decoded still gets its 200 (it
-    was cut off before), and the process exits 130 with one line."""
-    import socket
-    import threading
-    import urllib.error
-    import urllib.request
-
-    pytest.importorskip("ray", reason="the serve extra is installed by the test set-up")
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
+        return s.getsockname()[1]
+
+
+def start_serve(folder: Path, port: int, *extra: str) -> subprocess.Popen:
+    """vvs-serve in a subprocess, once it answers /healthz."""
     proc = subprocess.Popen([sys.executable, "-c", "from vvs.cli import serve_main; serve_main()", "--engine",
-                             str(tiny_folder), "--port", str(port), "--max-batch", "1", "--threads", "1",
-                             "--grace-s", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             str(folder), "--port", str(port), "--max-batch", "1", "--threads", "1", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read()
+            return proc
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"vvs-serve did not come up: {proc.communicate()[1][-2000:]}")
+            time.sleep(0.3)
+
+
+def post(port: int, classes: list[int], seed: int = 0, mode: str = "sd") -> tuple[int, dict]:
+    body = json.dumps({"conditions": classes, "mode": mode, "seed": seed, "decode": False}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/generate", data=body,
+                                     headers={"Content-Type": "application/json"})
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url + "/healthz", timeout=2).read()
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                assert proc.poll() is None and time.monotonic() < deadline, "vvs-serve did not come up"
-                time.sleep(0.3)
+        with urllib.request.urlopen(request, timeout=180) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        text = err.read().decode(errors="replace")
+        return err.code, json.loads(text) if err.headers.get_content_type() == "application/json" else {"error": text}
+    except (ConnectionError, http.client.RemoteDisconnected) as err:  # a proxy on a lost node drops its connections
+        return 0, {"error": repr(err)}
 
-        def post(classes):
-            body = json.dumps({"conditions": classes, "mode": "sd", "decode": False}).encode()
-            request = urllib.request.Request(url + "/v1/generate", data=body,
-                                             headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(request, timeout=120) as response:
-                    return response.status
-            except urllib.error.HTTPError as err:
-                return err.code
 
+def test_vvs_serve_drains_in_flight_requests_when_interrupted(tiny_folder):
+    """Ctrl-C on vvs-serve (a real local Ray instance in a subprocess): the request being decoded still gets its 200
+    (it was cut off before), a request sent after the signal gets 503 with Retry-After (Ray's proxy answered 404,
+    which a load balancer does not retry), and the process exits 130 with one line."""
+    pytest.importorskip("ray", reason="the serve extra is installed by the test set-up")
+    port = free_port()
+    proc = start_serve(tiny_folder, port, "--grace-s", "60", "--max-images", "256")
+    try:
         answer = {}
         start = time.monotonic()
-        worker = threading.Thread(target=lambda: answer.update(status=post([i % 10 for i in range(64)]),
+        worker = threading.Thread(target=lambda: answer.update(status=post(port, [i % 10 for i in range(256)])[0],
                                                                seconds=time.monotonic() - start))
         worker.start()
         time.sleep(1.0)
         signalled = time.monotonic() - start
         proc.send_signal(signal.SIGINT)
-        worker.join(120)
-        _, err = proc.communicate(timeout=120)
+        time.sleep(0.6)  # the replica polls the flag every 0.2 s
+        late_status, late_body = post(port, [1])
+        worker.join(180)
+        _, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert answer["status"] == 200 and answer["seconds"] > signalled, answer
+    assert late_status == 503 and "stopping" in late_body["error"], (late_status, late_body)
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == "vvs-serve: interrupted"
     assert "Traceback" not in err
+
+
+def test_vvs_serve_on_a_two_node_cluster_survives_losing_a_node(tiny_folder):
+    """A real two-node Ray cluster on this machine (``ray.cluster_utils.Cluster``: a head and a worker node, each
+    its own raylet and object store, one CPU each) that vvs-serve joins with --address, two replicas of one CPU, so
+    one on each node. Mid-load the worker node is killed with its replica (and its HTTP proxy): every request
+    settles — a 200 whose tokens equal a local Pipeline run, a 5xx, or a connection the lost proxy closed — and the
+    head's replica goes on serving."""
+    pytest.importorskip("ray", reason="the serve extra is installed by the test set-up")
+    from ray.cluster_utils import Cluster
+
+    from vvs.engines import load_engines
+    from vvs.runtime.pipeline import Pipeline
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    worker = cluster.add_node(num_cpus=1)
+    port = free_port()
+    proc = None
+    try:
+        cluster.wait_for_nodes()
+        proc = start_serve(tiny_folder, port, "--address", cluster.address, "--replicas", "2",
+                           "--cpus-per-replica", "1", "--grace-s", "5")
+        requests = [([i % 10] * 16, i) for i in range(8)]
+        with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+            futures = [pool.submit(post, port, classes, seed) for classes, seed in requests]
+            next(as_completed(futures))  # both replicas are busy by now
+            cluster.remove_node(worker, allow_graceful=False)
+            answers = [f.result(timeout=180) for f in futures]
+        after = [post(port, classes, seed) for classes, seed in requests[:2]]
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        cluster.shutdown()
+    local = Pipeline(load_engines(tiny_folder, "onnxruntime", threads=1))
+    for (classes, seed), (status, body) in zip(requests + requests[:2], answers + after):
+        assert status in (0, 200) or status >= 500, (status, body)
+        if status == 200:
+            assert body["tokens"] == local.generate(classes, mode="sd", seed=seed).tokens.tolist()
+    assert [status for status, _ in after] == [200, 200], after
+
+
+def interrupt_once_started(argv: list[str], marker: str) -> tuple[int, str]:
+    """Run a console command; Ctrl-C one second after its progress bar (``marker`` on stderr) appears."""
+    proc = subprocess.Popen([sys.executable, "-c", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = bytearray()
+    reader = threading.Thread(target=lambda: [err.extend(chunk) for chunk in iter(lambda: proc.stderr.read1(), b"")])
+    reader.start()
+    deadline = time.monotonic() + 120
+    while marker.encode() not in err:
+        assert proc.poll() is None, err.decode()
+        assert time.monotonic() < deadline, f"no {marker!r} progress: {err.decode()[-2000:]}"
+        time.sleep(0.05)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(120)
+    reader.join(10)
+    return proc.returncode, err.decode(errors="replace")
+
+
+def drafter_data(path: Path) -> Path:
+    from vvs.models import load_gpt
+    from vvs.models.bundle import shipped_path
+
+    cfg = load_gpt(shipped_path("target")).config
+    gen = torch.Generator().manual_seed(0)
+    np.savez(path, tokens=torch.randint(0, cfg.vocab_size, (8, cfg.num_image_tokens), generator=gen).numpy(),
+             labels=np.arange(8) % cfg.num_classes)
+    return path
+
+
+@pytest.mark.parametrize("command", ["vvs-bench", "vvs-export", "vvs-train"])
+def test_an_interrupted_command_exits_130_and_leaves_nothing_half_written(command, tiny_folder, tmp_path):
+    """Ctrl-C in the middle of benchmarking, exporting and training: exit 130 with one line and no traceback; the
+    export leaves neither the folder nor its staging copy, training neither a half-written checkpoint nor the
+    drafter, the benchmark no results (its --out folder, checked for writability first, stays empty)."""
+    from vvs.models.bundle import shipped_path
+
+    out = tmp_path / "out"
+    if command == "vvs-bench":
+        argv = ["from vvs.cli import bench_main; bench_main()", "--engine", str(tiny_folder), "--mode", "ar,vvs",
+                "--num-images", "400", "--threads", "1", "--out", str(out)]
+        marker = "bench"
+    elif command == "vvs-export":
+        argv = ["from vvs.cli import export_main; export_main()", "--out", str(out)]
+        marker = "export"
+    else:
+        argv = ["from vvs.cli import train_main; train_main()", "drafter", "--checkpoint",
+                str(shipped_path("target")), "--data", str(drafter_data(tmp_path / "data.npz")), "--out", str(out),
+                "--steps", "100000"]
+        marker = "train drafter"
+    code, err = interrupt_once_started(argv, marker)
+    assert code == 130, err
+    assert err.strip().splitlines()[-1] == f"{command}: interrupted" and "Traceback" not in err, err[-2000:]
+    left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    expected = {"vvs-bench": ["out"], "vvs-export": [], "vvs-train": ["data.npz", "out"]}[command]  # out/ empty
+    assert [p for p in left if not p.startswith("out/drafter.ckpt.pt") and p != "out/drafter.log.jsonl"] == expected

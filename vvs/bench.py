@@ -105,26 +105,26 @@ def run_benchmark(pipe: Pipeline, settings: list[Setting], classes: list[int], s
     for s in settings:
         pipe.generate(warm[:1], seed=10_000, decode_images=False, **s.overrides)
     total = seeds * len(settings) * len(labels)
-    bar = tqdm(total=total, desc="bench", unit="img", disable=not progress, dynamic_ncols=True)  # ETA per image
-    for seed in range(seeds):
-        order = settings[seed % len(settings):] + settings[: seed % len(settings)]
-        for s in order:
-            bar.set_postfix_str(f"seed {seed} {s.label}")
-            tokens, images, stats = [], [], []
-            for i in range(0, len(labels), batch_size):
-                g = pipe.generate(labels[i : i + batch_size], seed=base_seed + seed * 1000 + i, **s.overrides)
-                tokens.append(g.tokens)
-                images.append(g.images)
-                stats += g.stats
-                bar.update(len(g.stats))
-            r = runs[s.label]
-            r.seconds.append(sum(st.seconds for st in stats) / len(stats))
-            r.stats += stats
-            if instruments is not None:
-                r.quality.append(instruments.evaluate(torch.cat(images), torch.cat(tokens), labels))
-            if seed == 0:
-                r.images = torch.cat(images)
-    bar.close()
+    # ETA per image; closed before an interrupt's message is printed
+    with tqdm(total=total, desc="bench", unit="img", disable=not progress, dynamic_ncols=True) as bar:
+        for seed in range(seeds):
+            order = settings[seed % len(settings):] + settings[: seed % len(settings)]
+            for s in order:
+                bar.set_postfix_str(f"seed {seed} {s.label}")
+                tokens, images, stats = [], [], []
+                for i in range(0, len(labels), batch_size):
+                    g = pipe.generate(labels[i : i + batch_size], seed=base_seed + seed * 1000 + i, **s.overrides)
+                    tokens.append(g.tokens)
+                    images.append(g.images)
+                    stats += g.stats
+                    bar.update(len(g.stats))
+                r = runs[s.label]
+                r.seconds.append(sum(st.seconds for st in stats) / len(stats))
+                r.stats += stats
+                if instruments is not None:
+                    r.quality.append(instruments.evaluate(torch.cat(images), torch.cat(tokens), labels))
+                if seed == 0:
+                    r.images = torch.cat(images)
     return summarize(runs, settings), {label: r.images for label, r in runs.items()}
 
 

@@ -23,16 +23,28 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, delivered like Ctrl-C so that the same clean-up runs."""
 
 
-def _terminate(signum, frame):
-    raise Terminated()
+_signalled: list[KeyboardInterrupt] = []  # the interrupt this process received, if any
+
+
+def _interrupt(signum, frame):
+    _signalled.append(Terminated() if signum == signal.SIGTERM else KeyboardInterrupt())
+    raise _signalled[-1]
 
 
 def _main(command: click.Command, prog: str) -> None:
     """Run a command: usage errors as one line and exit 2; Ctrl-C exits 130 and SIGTERM 143 after the clean-up
-    (finished images kept, the scheduler stopped at a cycle boundary)."""
-    signal.signal(signal.SIGTERM, _terminate)
+    (finished images kept, the scheduler stopped at a cycle boundary). Libraries may turn the interrupt into an
+    error of their own (torch's exporter does, when it lands inside an import): any error after the signal is
+    the interrupt."""
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        command.main(prog_name=prog, standalone_mode=False)
+        try:
+            command.main(prog_name=prog, standalone_mode=False)
+        except Exception as err:
+            if _signalled and not isinstance(err, (click.exceptions.Exit, click.Abort)):
+                raise _signalled[-1] from None
+            raise
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
     except click.ClickException as err:
@@ -45,7 +57,8 @@ def _main(command: click.Command, prog: str) -> None:
         click.echo(f"{prog}: error: {err}", err=True)
         sys.exit(2)
     except (click.Abort, KeyboardInterrupt) as err:
-        terminated = isinstance(err, Terminated) or isinstance(err.__cause__, Terminated)
+        terminated = isinstance(err, Terminated) or isinstance(err.__cause__, Terminated) or (
+            isinstance(err, click.Abort) and bool(_signalled) and isinstance(_signalled[-1], Terminated))
         click.echo(f"{prog}: {'terminated' if terminated else 'interrupted'}", err=True)
         sys.exit(143 if terminated else 130)
 
@@ -619,7 +632,8 @@ def train_main():
 @click.option("--max-request-mb", type=click.FloatRange(min=0, min_open=True), default=64, show_default=True,
               help="Request body size limit in MiB; larger bodies get 413.")
 @click.option("--grace-s", type=click.FloatRange(min=0), default=30, show_default=True,
-              help="On Ctrl-C or SIGTERM, seconds in-flight requests may take to finish before the replicas stop.")
+              help="On Ctrl-C or SIGTERM, new requests get 503 and in-flight ones have this many seconds to finish "
+                   "before the replicas stop.")
 @click.option("--gpus-per-replica", type=click.FloatRange(min=0), default=None,
               help="GPUs Ray reserves per replica (default: 1 for a CUDA device or TensorRT backend, else 0).")
 @click.option("--cpus-per-replica", type=click.FloatRange(min=0), default=None,
@@ -658,10 +672,12 @@ def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_
     try:
         from ray import serve
 
+        from vvs.serve import drain
         from vvs.serve.deployment import application, start_ray
     except ImportError as err:
         raise VVSError(f"vvs-serve needs Ray Serve ({err.name} is missing): pip install 'vvs[serve]'") from None
     start_ray(address, logging_level="WARNING")
+    drain_state = drain.create()
     serve.start(http_options={"host": host, "port": port})
     serve.run(application(str(folder), backend=backend, device=device, threads=threads, max_batch=max_batch,
                           max_queue=max_queue, max_images=max_images, replicas=replicas, autoscaling=autoscaling,
@@ -672,8 +688,10 @@ def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        click.echo(f"vvs-serve: stopping; in-flight requests have up to {grace_s:g} s to finish", err=True)
-        serve.delete("vvs")  # the proxy stays up while the replicas drain, so in-flight answers still reach clients
+        click.echo(f"vvs-serve: stopping; new requests get 503, in-flight ones have up to {grace_s:g} s to finish",
+                   err=True)
+        drain.drain(drain_state, grace_s)
+        serve.delete("vvs")
         serve.shutdown()
         raise
 

@@ -10,7 +10,7 @@
 answers ``{"images": [base64 PNG, ...], "tokens": [[ids], ...], "stats": [{...}, ...], "options": {...}}``
 (``images`` is omitted with ``"decode": false``). Every refusal is ``{"error": "one line"}`` with a 4xx or 5xx
 status: 400 bad JSON or values, 404/405 unknown route or method, 413 too many images or too large a body, 415 not
-JSON, 503 queue full (retry), 504 timed out.
+JSON, 503 queue full or the service stopping (retry), 504 timed out.
 """
 from __future__ import annotations
 

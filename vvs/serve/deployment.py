@@ -23,6 +23,7 @@ from vvs.runtime.options import OptionsError
 from vvs.runtime.pipeline import Pipeline
 from vvs.runtime.scheduler import Busy, RequestTimeout
 from vvs.serve.api import ApiError, generation_response, parse_generate
+from vvs.serve.drain import ReplicaDrain
 
 
 MAX_REQUEST_BYTES = 64 << 20  # a request body; text-conditional requests carry caption embeddings as JSON
@@ -38,12 +39,14 @@ class VVSServer:
         self.pipe = Pipeline(load_engines(engine_dir, backend, device=device, threads=threads),
                              max_batch=max_batch, max_queue=max_queue)
         self.max_images, self.max_request_bytes = max_images, max_request_bytes
+        self.drain = ReplicaDrain()
         self.requests = metrics.Counter("vvs_requests", "Generate requests by outcome.", tag_keys=("status",))
         self.images = metrics.Counter("vvs_images", "Images generated.")
         self.latency = metrics.Histogram("vvs_request_seconds", "Generate request latency (decoded images).",
                                          boundaries=[0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128])
 
     async def __call__(self, request: Request) -> JSONResponse:
+        self.drain.watch()
         routes = {"/v1/generate": ("POST", self.generate), "/v1/model": ("GET", self.model),
                   "/healthz": ("GET", self.health)}
         route = routes.get(request.url.path.rstrip("/") or "/")
@@ -55,8 +58,14 @@ class VVSServer:
         return await handler(request)
 
     async def generate(self, request: Request) -> JSONResponse:
+        if self.drain.stopping:
+            return _error(503, "this service is stopping; retry on another instance", {"Retry-After": "1"})
         start = time.perf_counter()
-        response = await self._generate(request)
+        self.drain.held += 1
+        try:
+            response = await self._generate(request)
+        finally:
+            self.drain.held -= 1
         self.requests.inc(tags={"status": str(response.status_code)})
         if response.status_code == 200:
             self.latency.observe(time.perf_counter() - start)

@@ -88,8 +88,11 @@ def train(
 
 def _atomic_save(obj, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:  # interrupted mid-write: the previous checkpoint stays, no partial file beside it
+        tmp.unlink(missing_ok=True)
 
 
 def plot_curves(logs: dict[str, list[dict]], path: Path) -> None:
