@@ -80,3 +80,46 @@ def run_cli(main, args, capsys, monkeypatch):
         code = done.code or 0
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+# ---------------------------------------------------------------------- text-to-image from prompts
+
+CAPTIONS = ["a photo of a cat", "a red bird on a branch", "two dogs playing in the snow", "a bowl of soup",
+            "a mountain lake at sunset", "an old car parked by the road", "a close-up of a sunflower",
+            "people walking in the rain", "a plate with pasta and tomatoes", "a cat sleeping on a sofa"]
+
+
+def t5_folder(path, width: int):
+    """A transformers T5 encoder folder (config.json, model.safetensors, tokenizer.json) with random weights."""
+    from tokenizers import SentencePieceUnigramTokenizer
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
+
+    spm = SentencePieceUnigramTokenizer()
+    spm.train_from_iterator(CAPTIONS * 3, vocab_size=96, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
+    spm.post_processor = TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=spm, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                        model_input_names=["input_ids", "attention_mask"])
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=spm.get_vocab_size(), d_model=width, d_kv=4, d_ff=16, num_layers=2, num_heads=2,
+                      feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    T5EncoderModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def t5_dir(tmp_path_factory):
+    return t5_folder(tmp_path_factory.mktemp("t5") / "t5", width=8)
+
+
+@pytest.fixture(scope="session")
+def text_folder(bundle_factory, t5_dir, tmp_path_factory):
+    """The small t2i engine folder exported with the encoder (3 caption slots, 8 wide)."""
+    from vvs.export.exporter import export_folder
+    from vvs.text.export import load_text_encoder
+
+    out = tmp_path_factory.mktemp("engines") / "t2i"
+    export_folder(bundle_factory(model_type="t2i"), out, decoding_defaults=SMALL, progress=False,
+                  text_encoder=load_text_encoder(t5_dir, 8))
+    return out

@@ -186,3 +186,79 @@ def test_the_replica_reports_its_phases_in_server_timing(server):
     assert list(phases) == ["request", "tokens", "pixels", "encode"]
     assert phases["tokens"] > 0 and all(v >= 0 for v in phases.values())
     assert sum(phases.values()) < latency
+
+
+def test_prompts_over_http(server, text_folder):
+    """A text-conditional folder with its text encoder, deployed beside the class-conditional one (its own route
+    prefix): prompts in, the Pipeline's tokens and images out; a prompt to the class-conditional app, a caption
+    mask with prompts and an empty prompt are 400s with one line."""
+    serve.run(application(str(text_folder), backend="onnxruntime", threads=1, max_batch=4), name="t2i",
+              route_prefix="/t2i")
+    try:
+        client = Client(server + "/t2i", timeout=120)
+        assert client.model()["prompts"] is True
+        prompts = ["a red bird", "un café crème 🙂"]
+        result = client.generate(prompts, mode="vvs", seed=3)
+        alone = Pipeline(load_engines(text_folder, "onnxruntime", threads=1)).generate(prompts, mode="vvs", seed=3)
+        assert result.tokens == alone.tokens.tolist()
+        assert np.array_equal(_pixels(result.images[1]), _pixels(alone.pil_images()[1]))
+        for url, body, message in (
+                (server, {"conditions": ["a cat"]}, "class-conditional; pass class ids"),
+                (server + "/t2i", {"conditions": ["a cat"], "caption_mask": [[True] * 3]}, "caption_mask goes with"),
+                (server + "/t2i", {"conditions": ["a cat", " "]}, "prompt 1 is empty")):
+            code, data = _post(url + "/v1/generate", json.dumps(body).encode())
+            assert code == 400 and message in data["error"] and "\n" not in data["error"], data
+    finally:
+        serve.delete("t2i")
+
+
+def chromium_driver():
+    """Headless Chromium from the system packages (Debian: chromium, chromium-driver), driven by Selenium; the
+    test is skipped, saying why, where they are not installed (.ci/run installs them)."""
+    import shutil
+
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium comes with the test extra")
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not (browser and driver):
+        pytest.skip("no system Chromium and chromedriver (apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
+
+
+def test_the_page_shows_ar_and_vvs_side_by_side_in_a_real_browser(server, local):
+    """GET / in headless Chromium: pick a class and a seed, generate, and the AR and VVS images appear with their
+    seconds, target forwards and tokens per forward — the same numbers and pixels the API gives."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    browser = chromium_driver()
+    try:
+        browser.get(server + "/")
+        wait = WebDriverWait(browser, 120)
+        classes = local.engines.target.num_classes
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#class option")) == classes)
+        Select(browser.find_element(By.ID, "class")).select_by_value("3")
+        seed = browser.find_element(By.ID, "seed")
+        seed.clear()
+        seed.send_keys("7")
+        browser.find_element(By.ID, "generate").click()
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#results figure")) == 2
+                   and "Done" in b.find_element(By.ID, "status").text)
+        figures = browser.find_elements(By.CSS_SELECTOR, "#results figure")
+        assert [f.get_attribute("data-mode") for f in figures] == ["ar", "vvs"]
+        for figure in figures:
+            mode = figure.get_attribute("data-mode")
+            alone = local.generate([3], mode=mode, seed=7)
+            img = figure.find_element(By.TAG_NAME, "img")
+            assert browser.execute_script("return arguments[0].naturalWidth", img) == alone.images.shape[-1]
+            png = base64.b64decode(img.get_attribute("src").split(",", 1)[1])
+            assert np.array_equal(_pixels(Image.open(io.BytesIO(png))), _pixels(alone.pil_images()[0]))
+            caption = figure.find_element(By.TAG_NAME, "figcaption").text
+            assert f"{alone.stats[0].target_forwards} target forwards" in caption
+            assert ("changes the distribution" in caption) == (mode == "vvs")
+    finally:
+        browser.quit()

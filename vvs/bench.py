@@ -21,7 +21,7 @@ from tqdm import tqdm
 from vvs.errors import VVSError
 from vvs.output import atomic_write, grid_image, save_png
 from vvs.runtime.options import MODE_NAMES
-from vvs.runtime.pipeline import Pipeline
+from vvs.runtime.pipeline import Pipeline, as_conditions
 from vvs.runtime.stats import aggregate
 
 # which sweep keys apply to which modes (one key at a time, the others at their defaults)
@@ -93,13 +93,13 @@ def spread(values: list[float]) -> dict:
             "stdev": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
-def run_benchmark(pipe: Pipeline, settings: list[Setting], classes: list[int], seeds: int, batch_size: int,
+def run_benchmark(pipe: Pipeline, settings: list[Setting], classes: list, seeds: int, batch_size: int,
                   instruments=None, progress: bool = True, base_seed: int = 0) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Returns ``(results, first-seed images per setting)``. Seed set j gives image i seed
-    ``base_seed + 1000 j + i``."""
+    """Returns ``(results, first-seed images per setting)``. ``classes``: class ids, or prompts for a
+    text-conditional folder. Seed set j gives image i seed ``base_seed + 1000 j + i``."""
     for s in settings:  # validate every setting before spending time
         pipe.options_for(**s.overrides)
-    labels = torch.tensor(classes)
+    labels = as_conditions(classes)
     runs = {s.label: Runs() for s in settings}
     warm = labels[: min(len(labels), batch_size)]
     for s in settings:

@@ -121,8 +121,12 @@ def with_model_options(fn):
               help="tensorrt-rtx: GPUs to build for, e.g. 8.6,8.9,12.0 (default: every one the builder supports).")
 @click.option("--max-images", type=click.IntRange(1, 64), default=8, show_default=True,
               help="TensorRT: the most images one engine call decodes (the profiles' batch range).")
+@click.option("--text-encoder", type=str, default=None,
+              help="--t2i: the T5-family encoder the target was trained with (FLAN-T5-XL for LlamaGen's t2i "
+                   "checkpoints), a folder or name transformers loads; exported with its tokenizer as the "
+                   "text_encode graph, so prompts work with no other files.")
 def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter, draft_config, vae, ema, precision,
-               out, force, max_draft_top_k, lantern_k, backend, compute_capability, max_images):
+               out, force, max_draft_top_k, lantern_k, backend, compute_capability, max_images, text_encoder):
     import time
 
     from vvs.export.exporter import check_out_dir, export_folder
@@ -133,7 +137,9 @@ def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter
     if compute_capability and backend != "tensorrt-rtx":
         raise VVSError("option --compute-capability: needs --backend tensorrt-rtx")
     check_family_options(model, t2i=t2i, grid_size=grid_size, vq=vq, vq_config=vq_config, draft_config=draft_config,
-                         vae=vae, precision=None if precision == "fp32" else precision)
+                         vae=vae, precision=None if precision == "fp32" else precision, text_encoder=text_encoder)
+    if text_encoder and not t2i:
+        raise VVSError("option --text-encoder: needs --t2i (class-conditional targets take class ids, not text)")
     if backend == "tensorrt" and model == "mar":
         raise VVSError("option --backend tensorrt: MAR folders build for tensorrt-rtx only so far; use --backend "
                        "tensorrt-rtx or onnxruntime")
@@ -151,7 +157,13 @@ def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter
         extra = ({"classes": [c["name"] for c in shipped["classes"]], "image_size": shipped["image_size"]}
                  if shipped else {})
         defaults = shipped["decoding_defaults"] if shipped else {}
-        manifest = export_folder(bundle, Path(out), precision, max_draft_top_k, lantern_k, defaults, extra, force=force)
+        encoder = None
+        if text_encoder:
+            from vvs.text.export import load_text_encoder
+
+            encoder = load_text_encoder(text_encoder, bundle.target.config.caption_dim)
+        manifest = export_folder(bundle, Path(out), precision, max_draft_top_k, lantern_k, defaults, extra,
+                                 force=force, text_encoder=encoder)
     if backend != "onnxruntime":
         from vvs.engines.tensorrt_build import build_folder
 
@@ -166,7 +178,7 @@ def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter
 
 
 LLAMAGEN_ONLY = {"t2i": "--t2i", "grid_size": "--grid-size", "vq": "--vq", "vq_config": "--vq-config",
-                 "precision": "--precision"}
+                 "precision": "--precision", "text_encoder": "--text-encoder"}
 MAR_ONLY = {"draft_config": "--draft-config", "vae": "--vae"}
 
 
@@ -293,6 +305,51 @@ def resolve_classes(values: tuple[str, ...], names: list[str] | None, num_classe
     return [ids[i % len(ids)] for i in range(count)]
 
 
+def image_prompts(engine_dir, manifest: dict, classes, prompts, prompts_file, count: int | None) -> list[str]:
+    """The prompts of a text-conditional folder's images (``--class`` is refused; the folder must hold its text
+    encoder)."""
+    if classes:
+        raise VVSError("option --class: this folder's model is text-conditional; give --prompt or --prompts")
+    if "text" not in manifest:
+        raise VVSError(f"{engine_dir}: has no text encoder, so prompts cannot be encoded; re-export it with "
+                       "vvs-export --t2i --text-encoder, or pass caption embeddings to the Pipeline API")
+    return resolve_prompts(prompts, prompts_file, count)
+
+
+def reject_prompts(prompts, prompts_file) -> None:
+    if prompts or prompts_file:
+        raise VVSError(f"option {'--prompt' if prompts else '--prompts'}: this folder's model is class-conditional; "
+                       "give --class")
+
+
+def resolve_prompts(prompts: tuple[str, ...], prompts_file: str | None, count: int | None) -> list[str]:
+    """Prompts from ``--prompt`` (repeatable) then ``--prompts FILE`` (one a line, blank lines skipped), cycled to
+    ``count``."""
+    texts = list(prompts)
+    if prompts_file is not None:
+        try:
+            lines = Path(prompts_file).read_bytes().decode("utf-8").splitlines()
+        except FileNotFoundError:
+            raise VVSError(f"option --prompts {prompts_file}: the file does not exist") from None
+        except UnicodeDecodeError as err:
+            line = Path(prompts_file).read_bytes()[: err.start].count(b"\n") + 1
+            raise VVSError(f"option --prompts {prompts_file}: line {line} is not UTF-8; save the file as UTF-8") \
+                from None
+        except OSError as err:
+            raise VVSError(f"option --prompts {prompts_file}: cannot read it ({err.strerror or err})") from None
+        texts += [line for line in lines if line.strip()]
+    if not texts:
+        raise VVSError("this folder's model is text-conditional: give --prompt TEXT or --prompts FILE")
+    for i, text in enumerate(texts):
+        if not text.strip():
+            raise VVSError(f"option --prompt: prompt {i + 1} is empty; describe the image to generate")
+    count = count or len(texts)
+    if count < len(texts):
+        raise VVSError(f"option --num-images {count}: fewer than the {len(texts)} prompts given; ask for at least "
+                       f"{len(texts)} images (the prompts repeat in turn) or give fewer prompts")
+    return [texts[i % len(texts)] for i in range(count)]
+
+
 def resolve_seeds(text: str, count: int) -> list[int]:
     """``--seed S`` (image i gets S + i) or ``--seed S1,S2,...`` (one per image)."""
     from vvs.runtime.random import image_seeds
@@ -330,7 +387,15 @@ def engine_options(fn):
 class_option = click.option("--class", "classes", multiple=True,
                             help="Class id or name; repeat or comma-separate. Default: every class in turn.")
 num_images_option = click.option("--num-images", type=click.IntRange(1, MAX_IMAGES), default=None,
-                                 help="Images per mode (default: one per --class, or 4; vvs-bench: 16).")
+                                 help="Images per mode (default: one per --class or prompt, or 4; vvs-bench: 16).")
+
+
+def prompt_options(fn):
+    """--prompt, --prompts: what text-to-image folders draw."""
+    fn = click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+                      help="Text-to-image: a UTF-8 file of prompts, one a line (e.g. MS-COCO captions).")(fn)
+    return click.option("--prompt", "prompts", multiple=True,
+                        help="Text-to-image: a prompt; repeat for more (cleaned and encoded as LlamaGen does).")(fn)
 
 
 @click.command(help="Generate images from an engine folder and report decoding statistics. Modes: ar (vanilla), "
@@ -339,6 +404,7 @@ num_images_option = click.option("--num-images", type=click.IntRange(1, MAX_IMAG
 @engine_options
 @mode_option("the folder's default mode")
 @class_option
+@prompt_options
 @num_images_option
 @click.option("--batch-size", type=click.IntRange(1, 256), default=8, show_default=True, help="Images decoded together.")
 @click.option("--seed", default="0", show_default=True,
@@ -351,13 +417,14 @@ num_images_option = click.option("--num-images", type=click.IntRange(1, MAX_IMAG
 @click.option("--overwrite", is_flag=True, help="Replace the files an earlier run wrote to --out.")
 @click.option("--stats-json", type=click.Path(dir_okay=False), default=None, help="Write per-image statistics here.")
 @click.option("--save-tokens", type=click.Path(dir_okay=False), default=None, help="Write token ids (.npy) here.")
-def run_cmd(engine_dir, backend, device, modes, classes, num_images, batch_size, seed, threads, out, overwrite,
-            stats_json, save_tokens, **decoding):
+def run_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, num_images, batch_size, seed, threads,
+            out, overwrite, stats_json, save_tokens, **decoding):
     from tqdm import tqdm
 
     from vvs.engines import load_engines
     from vvs.engines.manifest import is_mar, read_manifest
     from vvs.output import RunWriter
+    from vvs.runtime.pipeline import as_conditions
 
     manifest = read_manifest(Path(engine_dir))
     mar = is_mar(manifest)
@@ -366,11 +433,12 @@ def run_cmd(engine_dir, backend, device, modes, classes, num_images, batch_size,
     overrides = family_overrides(decoding, mar)
     names = manifest["model"].get("classes")
     target = manifest["model"]["target"]
-    if not mar and target["model_type"] != "c2i":
-        raise VVSError("vvs-run generates class-conditional images; use the Pipeline API with caption embeddings "
-                       "for text-conditional models")
-    num_classes = target["class_num"] if mar else target["num_classes"]
-    labels = resolve_classes(classes, names, num_classes, num_images or (len(split_values(classes)) or 4))
+    if not mar and target["model_type"] == "t2i":
+        labels = image_prompts(engine_dir, manifest, classes, prompts, prompts_file, num_images)
+    else:
+        reject_prompts(prompts, prompts_file)
+        num_classes = target["class_num"] if mar else target["num_classes"]
+        labels = resolve_classes(classes, names, num_classes, num_images or (len(split_values(classes)) or 4))
     seeds = resolve_seeds(seed, len(labels))
     engines = load_engines(engine_dir, backend, device, threads)
     pipe = make_pipeline(engines, batch_size)
@@ -384,7 +452,7 @@ def run_cmd(engine_dir, backend, device, modes, classes, num_images, batch_size,
                 for start in range(0, len(labels), batch_size):
                     chunk = labels[start : start + batch_size]
                     bar.set_postfix_str(mode)
-                    result = pipe.generate(torch_tensor(chunk), seed=seeds[start : start + batch_size],
+                    result = pipe.generate(as_conditions(chunk), seed=seeds[start : start + batch_size],
                                            **{**mode_names[mode], **overrides})
                     writer.add(mode, start, chunk, result, names)
                     bar.update(len(chunk))
@@ -410,12 +478,6 @@ def make_pipeline(engines, max_batch: int):
     return Pipeline(engines, max_batch=max_batch)
 
 
-def torch_tensor(values):
-    import torch
-
-    return torch.tensor(values, dtype=torch.long)
-
-
 def export_main():
     _main(export_cmd, "vvs-export")
 
@@ -435,6 +497,7 @@ def run_main():
 @engine_options
 @mode_option("ar,sd,lantern,vvs-uniform,vvs-dynamic")
 @class_option
+@prompt_options
 @num_images_option
 @click.option("--seed", type=click.IntRange(0, 2**62), default=0, show_default=True,
               help="Base seed: seed set j gives image i the seed S + 1000 j + i.")
@@ -454,8 +517,8 @@ def run_main():
                    "<engine>-scale/SIZE; acceptance stays the folder's pair's, the code vocabulary its own.")
 @click.option("--out", type=click.Path(file_okay=False), default="bench-results", show_default=True,
               help="Folder for results.json, table.md, pareto.png and sample grids.")
-def bench_cmd(engine_dir, backend, device, modes, classes, num_images, seed, num_seeds, batch_size, sweep, threads,
-              tune, scale, out, **decoding):
+def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, num_images, seed, num_seeds,
+              batch_size, sweep, threads, tune, scale, out, **decoding):
     from vvs.bench import (OPTION_OF, load_instruments, machine, make_settings, parse_sweep, run_benchmark,
                            write_results)
     from vvs.engines import load_engines
@@ -476,10 +539,15 @@ def bench_cmd(engine_dir, backend, device, modes, classes, num_images, seed, num
     if tune and not os.access(Path(engine_dir) / MANIFEST, os.W_OK):
         raise VVSError(f"option --tune: {Path(engine_dir) / MANIFEST} is not writable, so the tuned defaults could "
                        "not be saved; copy the folder somewhere writable")
-    num_images = num_images or max(16, len(split_values(classes)))
     target = manifest["model"]["target"]
-    labels = resolve_classes(classes, manifest["model"].get("classes"),
-                             target["class_num"] if mar else target["num_classes"], num_images)
+    if not mar and target["model_type"] == "t2i":
+        labels = image_prompts(engine_dir, manifest, classes, prompts, prompts_file, num_images)
+        num_images = len(labels)
+    else:
+        reject_prompts(prompts, prompts_file)
+        num_images = num_images or max(16, len(split_values(classes)))
+        labels = resolve_classes(classes, manifest["model"].get("classes"),
+                                 target["class_num"] if mar else target["num_classes"], num_images)
     instruments = load_instruments(Path(engine_dir), manifest)  # an inflated pair's quality is its source's
     if scale is not None:
         ensure_writable_dir(Path(engine_dir).parent)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,12 @@ from PIL import Image
 
 from vvs.errors import VVSError
 from vvs.runtime.stats import aggregate
+
+
+def slug(prompt: str, length: int = 40) -> str:
+    """A file-name part from a prompt: its first words, lower-case ASCII letters and digits joined by '-'."""
+    words = re.findall(r"[a-z0-9]+", prompt.lower())
+    return "-".join(words)[:length].strip("-") or "prompt"
 
 
 def atomic_write(path: Path, write) -> None:
@@ -149,12 +156,17 @@ class RunWriter:
         writer(self.staging / name)
         self.written.append(name)
 
-    def add(self, mode: str, start: int, labels: list[int], result, names: list[str] | None) -> None:
-        """One batch of a mode's images, the first being image ``start`` of the run."""
-        for i, (img, label, s) in enumerate(zip(result.pil_images(), labels, result.stats), start):
-            name = names[label] if names else f"class{label}"
+    def add(self, mode: str, start: int, conditions: list, result, names: list[str] | None) -> None:
+        """One batch of a mode's images, the first being image ``start`` of the run; a condition is a class id or
+        a prompt."""
+        for i, (img, condition, s) in enumerate(zip(result.pil_images(), conditions, result.stats), start):
+            if isinstance(condition, str):
+                name, record = slug(condition), {"prompt": condition}
+            else:
+                name = names[condition] if names else f"class{condition}"
+                record = {"class": condition, "class_name": name}
             self._save(f"{mode}_{i:03d}_{name}.png", lambda path, img=img: save_png(img, path))
-            self.images.append({"mode": mode, "index": i, "class": label, "class_name": name, **s.to_dict()})
+            self.images.append({"mode": mode, "index": i, **record, **s.to_dict()})
         self.pictures.setdefault(mode, []).append(result.images)
         self.by_mode.setdefault(mode, []).extend(result.stats)
         self.tokens.append(result.tokens)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from vvs.runtime.options import DecodeOptions
-from vvs.runtime.pipeline import Pipeline
+from vvs.runtime.pipeline import Pipeline, as_conditions
 
 TREE_CANDIDATES = [  # (tree_size, depth, draft_top_k): from one-draft chains to EAGLE-2's published tree
     (2, 0, 1), (3, 0, 2), (3, 1, 1), (4, 2, 1), (4, 2, 2), (6, 3, 2), (8, 3, 3), (12, 4, 3), (16, 4, 4), (24, 4, 5),
@@ -105,13 +105,13 @@ def measure_trees(pipe: Pipeline, classes: torch.Tensor, base: dict, candidates=
     return out, statistics.median(per_cycle)
 
 
-def tune(pipe: Pipeline, classes: list[int], seeds: int, instruments=None, log=print) -> tuple[DecodeOptions, dict]:
+def tune(pipe: Pipeline, classes: list, seeds: int, instruments=None, log=print) -> tuple[DecodeOptions, dict]:
     """Choose the tree from predicted cost, then the skip interval by measured speed within AR's quality spread.
     Returns the options and a record of what was predicted and what was then measured (the prediction is for skip
     interval 2, the interval the tree candidates were decoded with, so that row of the benchmark checks it)."""
     from vvs.bench import Setting, run_benchmark, within_ar_spread
 
-    labels = torch.tensor(classes)
+    labels = as_conditions(classes)
     costs = measure_verify_costs(pipe, sorted({1, 8, 16, 32, 64, 72}))
     log("verify seconds by new positions: " + ", ".join(f"{t}: {c * 1e3:.2f} ms" for t, c in costs.items()))
     base = {"mode": "vvs", "skip_policy": "uniform"}

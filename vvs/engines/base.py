@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 
@@ -18,7 +18,16 @@ from vvs.models.gpt import GPTConfig
 from vvs.runtime.neighbours import nearest_codes
 from vvs.runtime.options import OptionsError, TreeShape
 
+if TYPE_CHECKING:
+    from vvs.text.encoder import TextEncoder
+
 GRAPHS = ("target_prefill", "target_verify", "draft_tree", "vq_decode")
+TEXT_GRAPH = "text_encode"  # t2i folders exported with their text encoder (vvs.text)
+
+
+def folder_graphs(manifest: dict) -> tuple[str, ...]:
+    """The graphs a backend opens for a folder: the four, and the text encoder where the folder has one."""
+    return GRAPHS + ((TEXT_GRAPH,) if TEXT_GRAPH in manifest["graphs"] else ())
 
 
 class Engine(Protocol):
@@ -50,6 +59,7 @@ class EngineSet:
     tree_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     capture_cycles: bool = False  # replay whole speculative cycles as CUDA graphs (vvs.runtime.captured)
     neighbour_sets: dict = field(default_factory=dict, repr=False)  # k -> [vocab, k] int64, made once per k
+    text: TextEncoder | None = None  # prompts -> captions, for a t2i folder exported with its text encoder
 
     def close(self) -> None:
         """Persist what the backend learnt while running (also done when the process exits)."""

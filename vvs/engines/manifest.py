@@ -66,6 +66,7 @@ MANIFEST_SCHEMA = {
             "type": "object", "required": ["sha256", "bytes"], "properties": {
                 "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
                 "bytes": {"type": "integer", "minimum": 0}}}},
+        "text": {"type": "object", "required": ["tokenizer"], "properties": {"tokenizer": _NAME}},
         "tensorrt": _PLANS,
         "tensorrt-rtx": _PLANS,
     },
@@ -155,6 +156,8 @@ def referenced_files(manifest: dict) -> list[str]:
     names = [g["file"] for g in manifest["graphs"].values()]
     if not is_mar(manifest):
         names.append(manifest.get("tables", {}).get("file", TABLES))
+    if "text" in manifest:
+        names.append(manifest["text"]["tokenizer"])
     for key in ("tensorrt", "tensorrt-rtx"):
         names += [e["file"] for e in manifest.get(key, {}).get("engines", {}).values()]
     return names
@@ -215,6 +218,7 @@ def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device)
     from vvs.models.gpt import GPTConfig
 
     from vvs.runtime.options import TreeShape
+    from vvs.text.encoder import folder_text_encoder
 
     tables = load_file(Path(folder) / manifest["tables"]["file"])
     act = next(t for t in graphs["target_verify"].spec.inputs if t.name == "past_kv").dtype
@@ -232,4 +236,5 @@ def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device)
         default_options=manifest["decoding_defaults"],
     )
     engines.trees[TreeShape(*manifest["graphs"]["draft_tree"]["tree"])] = graphs["draft_tree"]
+    engines.text = folder_text_encoder(folder, manifest, graphs.get("text_encode"), device)
     return engines

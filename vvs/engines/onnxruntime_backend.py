@@ -13,7 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from vvs.engines.base import GRAPHS, EngineSet
+from vvs.engines.base import folder_graphs, EngineSet
 from vvs.engines.manifest import (EngineFolderError, check_onnx_matches_spec, engine_set, graph_spec,
                                   read_manifest, verify_files)
 from vvs.export.exporter import export_tree
@@ -91,7 +91,7 @@ def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | Non
         return open_session(path, spec, device, options=options)
 
     engines = {}
-    for name in GRAPHS:
+    for name in folder_graphs(manifest):
         if name not in manifest["graphs"]:
             raise EngineFolderError(f"{folder / 'manifest.json'}: lists no {name} graph; re-export the folder")
         engines[name] = load(folder / manifest["graphs"][name]["file"], graph_spec(manifest, name))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from vvs.engines.base import GRAPHS, EngineSet
+from vvs.engines.base import EngineSet, folder_graphs
 from vvs.engines.buckets import BucketedEngine
 from vvs.engines.tensorrt_build import FLAVOURS, RUNTIME_CACHE, flavour, import_flavour
 from vvs.engines.manifest import EngineFolderError, engine_set, graph_spec, read_manifest, verify_files
@@ -134,7 +134,7 @@ def load_tensorrt(folder: str | Path, device: str = "cuda", cuda_graphs: bool = 
     runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
     cache = RuntimeCache(folder / fl.name / RUNTIME_CACHE) if fl.rtx else None
     graphs = {}
-    for name in GRAPHS:
+    for name in folder_graphs(manifest):
         entry = built["engines"][name]
         engine = runtime.deserialize_cuda_engine((folder / entry["file"]).read_bytes())
         if engine is None:

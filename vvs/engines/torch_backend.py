@@ -58,6 +58,19 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
     return engines
 
 
+def torch_text_graph(folder, manifest: dict, device: torch.device) -> TorchEngine | None:
+    """The folder's text encoder from its ``transformers`` files (``text/``), or None for a folder without one."""
+    if "text" not in manifest:
+        return None
+    from transformers import T5EncoderModel
+
+    from vvs.engines.manifest import graph_spec
+    from vvs.text.export import TEXT_DIR, EncoderGraph
+
+    encoder = T5EncoderModel.from_pretrained(str(folder / TEXT_DIR), torch_dtype=torch.float32).to(device).eval()
+    return TorchEngine(EncoderGraph(encoder), graph_spec(manifest, "text_encode"))
+
+
 def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_graphs: bool = False) -> EngineSet:
     """The torch backend over an engine folder's stored weights (same defaults and tables as the graphs)."""
     from pathlib import Path
@@ -66,10 +79,13 @@ def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_gra
 
     from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, read_manifest, verify_files
     from vvs.models.loading import load_drafter, load_gpt, load_vq
+    from vvs.text.encoder import folder_text_encoder
+    from vvs.text.export import TEXT_DIR
 
     folder = Path(folder)
     manifest = read_manifest(folder)
-    verify_files(folder, manifest, list(TORCH_WEIGHTS.values()) + [manifest["tables"]["file"]])
+    text_files = [name for name in manifest["files"] if name.startswith(f"{TEXT_DIR}/")]
+    verify_files(folder, manifest, list(TORCH_WEIGHTS.values()) + [manifest["tables"]["file"]] + text_files)
     if threads:
         torch.set_num_threads(threads)
     target = load_gpt(folder / TORCH_WEIGHTS["target"])
@@ -83,6 +99,8 @@ def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_gra
     dtype = torch.float16 if manifest["precision"] in ("fp16", "int8") else torch.float32
     engines = torch_engines(bundle, device, dtype, manifest["max_draft_top_k"], manifest["decoding_defaults"])
     engines.neighbour_table = load_file(folder / manifest["tables"]["file"])["neighbours"].to(engines.device)
+    engines.text = folder_text_encoder(folder, manifest, torch_text_graph(folder, manifest, engines.device),
+                                       engines.device)
     if cuda_graphs:
         from vvs.engines.cuda_graphs import capture_graphs
 

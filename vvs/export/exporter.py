@@ -47,9 +47,11 @@ PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.float1
 
 def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", max_draft_top_k: int = 10,
                   neighbours: int | None = None, decoding_defaults: dict | None = None,
-                  extra_model_info: dict | None = None, progress: bool = True, force: bool = False) -> dict:
+                  extra_model_info: dict | None = None, progress: bool = True, force: bool = False,
+                  text_encoder: tuple | None = None) -> dict:
     """Export ``bundle`` into ``out_dir``; returns the manifest. ``neighbours``: LANTERN neighbours stored per
-    code (default: the decoding defaults' ``lantern_k``)."""
+    code (default: the decoding defaults' ``lantern_k``). ``text_encoder``: a t2i target's ``transformers`` T5
+    encoder and tokenizer (:func:`vvs.text.export.load_text_encoder`), exported as the ``text_encode`` graph."""
     if precision not in PRECISIONS:
         raise VVSError(f"option precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
     defaults = DecodeOptions().updated(**(decoding_defaults or {}))
@@ -84,6 +86,11 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
             files += written
             entries[name] = {"file": written[0].name, "spec": specs[name].to_dict()}
         entries["draft_tree"]["tree"] = list(defaults.tree)
+        if text_encoder is not None:
+            from vvs.text.export import export_text_encoder
+
+            entries["text_encode"], written = export_text_encoder(*text_encoder, work, bundle.target.config.cls_token_num)
+            files += written
         tables = {"codebook": bundle.vq.quantize.codebook().detach().float().contiguous(),
                   "neighbours": nearest_codes(bundle.vq.quantize.codebook().detach(), k_nn)}
         if bundle.target.config.model_type == "t2i":
@@ -111,8 +118,12 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
             "tables": {"file": TABLES, "neighbours_per_code": k_nn},
             "decoding_defaults": defaults.to_dict(),
             "versions": tool_versions(),
-            "files": {p.name: file_record(p) for p in files},
+            "files": {p.relative_to(work).as_posix(): file_record(p) for p in files},
         }
+        if text_encoder is not None:
+            from vvs.text.export import TOKENIZER
+
+            manifest["text"] = {"tokenizer": TOKENIZER, "encoder": text_encoder[0].config.name_or_path or "T5"}
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 

@@ -154,6 +154,17 @@ def draft_tree_spec(target, drafter, tree, act: str = "float32") -> GraphSpec:
     ))
 
 
+def text_encode_spec(slots: int, width: int) -> GraphSpec:
+    """The text encoder (:mod:`vvs.text`): T5 token ids and attention mask (1 = token, right-padded as T5 pads) of
+    one prompt per image -> the encoder's last hidden state; left padding happens after it."""
+    return GraphSpec("text_encode", (
+        TensorSpec("input_ids", "int64", ("images", slots)),
+        TensorSpec("attention_mask", "int64", ("images", slots)),
+    ), (
+        TensorSpec("hidden", "float32", ("images", slots, width)),
+    ))
+
+
 SAMPLE_DIMS = {"batch": 4, "images": 2, "new": 3, "past": 7, "tokens": 5}  # distinct, so no dynamic axis gets specialised
 
 
@@ -167,6 +178,8 @@ def sample_tensor(spec: TensorSpec, dims: dict[str, int], vocab: int, max_positi
         return mask
     if dtype == torch.bool:
         return torch.rand(shape) > 0.5
+    if spec.name == "attention_mask":  # right-padded token masks of different lengths
+        return (torch.arange(shape[1]) < torch.randint(1, shape[1] + 1, (shape[0], 1))).long()
     if spec.name in ("input_ids", "codes"):
         return torch.randint(0, vocab, shape)
     if spec.name == "position_ids":

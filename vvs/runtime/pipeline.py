@@ -76,14 +76,25 @@ class Pipeline:
 
     def check_conditions(self, conditions, caption_mask) -> tuple[torch.Tensor, torch.Tensor | None]:
         cfg = self.engines.target
+        prompts = isinstance(conditions, (list, tuple)) and any(isinstance(c, str) for c in conditions)
         if cfg.model_type == "c2i":
+            if prompts:
+                raise OptionsError("prompts given, but this model is class-conditional; pass class ids")
             return class_ids(conditions, cfg.num_classes), None
+        if prompts:
+            if self.engines.text is None:
+                raise OptionsError("this engine folder has no text encoder; re-export it with vvs-export --t2i "
+                                   "--text-encoder, or pass caption embeddings with caption_mask")
+            if caption_mask is not None:
+                raise OptionsError("caption_mask goes with caption embeddings, not with prompts")
+            return self.engines.text.encode(conditions)
         return captions(conditions, caption_mask, cfg.cls_token_num, cfg.caption_dim)
 
     def generate(self, conditions, mode: str | None = None, seed: int | list[int] = 0, *, caption_mask=None,
                  decode_images: bool = True, timeout: float | None = None, **options) -> Generation:
-        """Generate one image per condition (class ids ``[n]``, or left-padded caption embeddings
-        ``[n, C, caption_dim]`` with ``caption_mask``). Options override the pipeline's defaults.
+        """Generate one image per condition: class ids ``[n]``; or, for a text-conditional model, prompts (a list
+        of strings; the folder's text encoder makes the captions) or left-padded caption embeddings
+        ``[n, C, caption_dim]`` with ``caption_mask``. Options override the pipeline's defaults.
 
         ``seed``: an int (image i gets ``seed + i``) or one per image. An image depends only on its condition, its
         seed and the options, never on the other images of the call or of other calls running at the same time:
@@ -120,6 +131,11 @@ class Pipeline:
         start = time.perf_counter()
         images = self.engines.graphs["vq_decode"].run(codes=tokens.long().to(self.engines.device))["image"]
         return images.float().cpu(), time.perf_counter() - start
+
+
+def as_conditions(values: list):
+    """What :meth:`Pipeline.generate` takes for a list of class ids (a tensor) or prompts (the list itself)."""
+    return list(values) if values and isinstance(values[0], str) else torch.tensor(values, dtype=torch.long)
 
 
 def check_timeout(timeout) -> None:

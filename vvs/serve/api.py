@@ -2,8 +2,8 @@
 
 ``POST /v1/generate`` with ``Content-Type: application/json``::
 
-    {"conditions": [class ids] | [[[caption embedding] * C] * n],   # required
-     "caption_mask": [[bool] * C] * n,                               # text-conditional models only
+    {"conditions": [class ids] | ["prompt", ...] | [[[caption embedding] * C] * n],   # required
+     "caption_mask": [[bool] * C] * n,                 # with caption embeddings (text-conditional models only)
      "mode": "vvs", "seed": 0 | [s1, s2, ...], "options": {"temperature": 1.0, ...},
      "timeout": seconds, "decode": true}
 
@@ -36,7 +36,7 @@ class ApiError(VVSError):
 
 @dataclass
 class GenerateRequest:
-    conditions: object  # list of class ids, or a float tensor of captions
+    conditions: object  # list of class ids, list of prompts, or a float tensor of captions
     caption_mask: torch.Tensor | None
     mode: str | None
     seed: int | list[int]
@@ -66,7 +66,7 @@ def parse_generate(body: bytes, content_type: str | None, text_conditional: bool
         raise ApiError(400, f"unknown field(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}")
     conditions = data.get("conditions")
     if not isinstance(conditions, list) or not conditions:
-        raise ApiError(400, "conditions: give a non-empty list (class ids, or caption embeddings)")
+        raise ApiError(400, "conditions: give a non-empty list (class ids, prompts, or caption embeddings)")
     if len(conditions) > max_images:
         raise ApiError(413, f"{len(conditions)} images requested; this server takes at most {max_images} per request")
     options = data.get("options", {})
@@ -85,7 +85,10 @@ def parse_generate(body: bytes, content_type: str | None, text_conditional: bool
     if mode is not None and not isinstance(mode, str):
         raise ApiError(400, f"mode must be a string, got {mode!r}")
     mask = None
-    if text_conditional:
+    if any(isinstance(c, str) for c in conditions):  # prompts: the Pipeline checks them against the model
+        if "caption_mask" in data:
+            raise ApiError(400, "caption_mask goes with caption embeddings, not with prompts")
+    elif text_conditional:
         conditions = _tensor(conditions, torch.float32, "conditions")
         mask = _tensor(data.get("caption_mask"), torch.bool, "caption_mask")
     elif "caption_mask" in data:

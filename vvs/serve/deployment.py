@@ -3,21 +3,23 @@
 Ray Serve carries HTTP, spreads requests over replicas (on one machine or a cluster), restarts replicas that
 die or fail their health check, autoscales, and exports metrics; each replica merges the requests it is given
 into running batches (continuous batching). Routes: ``POST /v1/generate`` (:mod:`vvs.serve.api`),
-``GET /v1/model``, ``GET /healthz``.
+``GET /v1/model``, ``GET /healthz``, and ``GET /``: a page that shows the modes side by side (``page.html``).
 """
 from __future__ import annotations
 
 import asyncio
 import os
 import time
+from pathlib import Path
 
 import torch
 from ray import serve
 from ray.util import metrics
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import HTMLResponse, JSONResponse
 
 from vvs.engines import load_engines
+from vvs.engines.manifest import read_manifest
 from vvs.errors import VVSError
 from vvs.runtime.options import OptionsError
 from vvs.runtime.pipeline import Pipeline
@@ -26,6 +28,7 @@ from vvs.serve.api import ApiError, generation_response, parse_generate
 from vvs.serve.drain import ReplicaDrain
 
 
+PAGE = (Path(__file__).parent / "page.html").read_text(encoding="utf-8")
 MAX_REQUEST_BYTES = 64 << 20  # a request body; text-conditional requests carry caption embeddings as JSON
 STALL_LIMIT_S = 300.0  # far above one decoding cycle (milliseconds on a GPU, about 0.1 s here on 2 CPU cores)
 
@@ -39,6 +42,7 @@ class VVSServer:
         self.pipe = Pipeline(load_engines(engine_dir, backend, device=device, threads=threads),
                              max_batch=max_batch, max_queue=max_queue)
         self.max_images, self.max_request_bytes = max_images, max_request_bytes
+        self.class_names = read_manifest(Path(engine_dir))["model"].get("classes") or []
         self.drain = ReplicaDrain()
         self.requests = metrics.Counter("vvs_requests", "Generate requests by outcome.", tag_keys=("status",))
         self.images = metrics.Counter("vvs_images", "Images generated.")
@@ -48,8 +52,9 @@ class VVSServer:
     async def __call__(self, request: Request) -> JSONResponse:
         self.drain.watch()
         routes = {"/v1/generate": ("POST", self.generate), "/v1/model": ("GET", self.model),
-                  "/healthz": ("GET", self.health)}
-        route = routes.get(request.url.path.rstrip("/") or "/")
+                  "/healthz": ("GET", self.health), "/": ("GET", self.page)}
+        path = request.url.path.removeprefix(request.scope.get("root_path", ""))  # under the app's route prefix
+        route = routes.get(path.rstrip("/") or "/")
         if route is None:
             return _error(404, f"no route {request.url.path}; routes: {', '.join(routes)}")
         method, handler = route
@@ -111,8 +116,12 @@ class VVSServer:
         return JSONResponse({"model_type": cfg.model_type, "num_classes": cfg.num_classes,
                              "caption_slots": cfg.cls_token_num if cfg.model_type == "t2i" else 0,
                              "caption_dim": cfg.caption_dim if cfg.model_type == "t2i" else 0,
+                             "prompts": self.pipe.engines.text is not None, "class_names": self.class_names,
                              "image_tokens": cfg.num_image_tokens, "backend": self.pipe.engines.backend,
                              "max_images": self.max_images, "default_options": self.pipe.options.to_dict()})
+
+    async def page(self, request: Request) -> HTMLResponse:
+        return HTMLResponse(PAGE)
 
     async def health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", **self.pipe.scheduler.status()})
