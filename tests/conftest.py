@@ -91,21 +91,11 @@ CAPTIONS = ["a photo of a cat", "a red bird on a branch", "two dogs playing in t
 
 def t5_folder(path, width: int):
     """A transformers T5 encoder folder (config.json, model.safetensors, tokenizer.json) with random weights."""
-    from tokenizers import SentencePieceUnigramTokenizer
-    from tokenizers.processors import TemplateProcessing
-    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
+    from vvs.train.text_encoder import save_text_encoder, t5_encoder, train_tokenizer
 
-    spm = SentencePieceUnigramTokenizer()
-    spm.train_from_iterator(CAPTIONS * 3, vocab_size=96, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
-    spm.post_processor = TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=spm, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-                                        model_input_names=["input_ids", "attention_mask"])
-    torch.manual_seed(0)
-    config = T5Config(vocab_size=spm.get_vocab_size(), d_model=width, d_kv=4, d_ff=16, num_layers=2, num_heads=2,
-                      feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
-    T5EncoderModel(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    tokenizer = train_tokenizer(CAPTIONS * 3, vocab_size=96)
+    encoder = t5_encoder(len(tokenizer), width, layers=2, heads=2, head_dim=4, ff=16)
+    return save_text_encoder(encoder, tokenizer, path)
 
 
 @pytest.fixture(scope="session")
