@@ -492,6 +492,8 @@ def run_main():
 @click.command(help="Run decoding modes side by side on the same classes and seeds (interleaved, warm-up "
                     "excluded): TPF, forwards, skips, seconds per image and speed-up vs ar from the same run, and "
                     "for the shipped model class accuracy, domain FID and NLL with AR's seed-to-seed spread. "
+                    "The default run decodes 240 images (5 modes x 16 images x 3 seed sets): about 10 minutes on 2 "
+                    "CPU cores with the shipped model; --num-images 4 --num-seeds 1 for a quick look. "
                     "Writes results.json, table.md, pareto.png and sample grids. --tune picks the tree and skip "
                     "interval fastest on this machine and stores them as the engine folder's defaults.")
 @engine_options
