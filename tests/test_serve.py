@@ -241,6 +241,7 @@ def test_the_page_shows_ar_and_vvs_side_by_side_in_a_real_browser(server, local)
         wait = WebDriverWait(browser, 120)
         classes = local.engines.target.num_classes
         wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#class option")) == classes)
+        assert not browser.find_element(By.ID, "prompt").is_displayed()  # a class-conditional model
         Select(browser.find_element(By.ID, "class")).select_by_value("3")
         seed = browser.find_element(By.ID, "seed")
         seed.clear()
