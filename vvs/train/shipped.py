@@ -108,22 +108,24 @@ def _drafter_agreement(target: GPT, drafter, data) -> float:
     return m["top1_agreement"]
 
 
+def ship_model(model, path: Path, kind: str) -> dict:
+    """Write one shipped weight file (fp16 parameters, fp32 buffers); returns its record for the shipped json."""
+    buffers = {k for k, _ in model.named_buffers()}
+    state = {k: (v.half() if k not in buffers and v.is_floating_point() else v) for k, v in model.state_dict().items()}
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: t.contiguous() for k, t in state.items()}, tmp,
+              metadata={"vvs_kind": kind, "vvs_config": json.dumps(model.config.to_dict())})
+    follow_umask(tmp)
+    os.replace(tmp, path)
+    return {"file": path.name, "sha256": sha256(path), "bytes": path.stat().st_size, "config": model.config.to_dict()}
+
+
 def ship(out_dir: Path, models: dict, metrics: dict, seed: int, seconds: float) -> Path:
     """Write ``out_dir/weights``: fp16 parameters, fp32 buffers, and ``shipped.json``."""
     weights = out_dir / "weights"
     weights.mkdir(exist_ok=True)
-    files = {}
-    for name, model in models.items():
-        buffers = {k for k, _ in model.named_buffers()}
-        state = {k: (v.half() if k not in buffers and v.is_floating_point() else v) for k, v in model.state_dict().items()}
-        path = weights / f"{name}.safetensors"
-        tmp = path.with_name(path.name + ".tmp")
-        save_file({k: t.contiguous() for k, t in state.items()}, tmp,
-                  metadata={"vvs_kind": KIND[name], "vvs_config": json.dumps(model.config.to_dict())})
-        follow_umask(tmp)
-        os.replace(tmp, path)
-        files[name] = {"file": path.name, "sha256": sha256(path), "bytes": path.stat().st_size,
-                       "config": model.config.to_dict(), "metrics": metrics.get(name, {})}
+    files = {name: {**ship_model(model, weights / f"{name}.safetensors", KIND[name]), "metrics": metrics.get(name, {})}
+             for name, model in models.items()}
     info = {
         "description": "vvs's shipped model set: a LlamaGen-architecture VQ tokenizer, class-conditional target "
                        "and EAGLE drafter, plus the photo classifier of the quality instruments, trained on CPU "
