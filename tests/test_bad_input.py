@@ -436,14 +436,16 @@ def test_a_damaged_cached_tree_graph_is_detected_and_exported_again(folder):
     assert graph.read_bytes() == good
 
 
-@pytest.mark.parametrize("command", ["all", "mar"])
+@pytest.mark.parametrize("command", ["all", "mar", "t2i"])
 def test_train_checks_its_output_folder_before_training(tmp_path, capsys, monkeypatch, command):
     """A folder that cannot be written (here: below a file) is one line and exit 2 before any training."""
     import vvs.train.mar
     import vvs.train.shipped
+    import vvs.train.t2i
 
     monkeypatch.setattr(vvs.train.shipped, "reproduce", lambda *a: pytest.fail("trained before checking --out"))
     monkeypatch.setattr(vvs.train.mar, "reproduce_mar", lambda *a: pytest.fail("trained before checking --out"))
+    monkeypatch.setattr(vvs.train.t2i, "reproduce_t2i", lambda *a: pytest.fail("trained before checking --out"))
     blocker = tmp_path / "file"
     blocker.write_text("x")
     code, _, err = run_cli(train_main, [command, "--out", blocker / "runs"], capsys, monkeypatch)

@@ -4,12 +4,13 @@ import json
 import pytest
 import torch
 
-from vvs.engines.torch_backend import torch_engines
-from vvs.models.bundle import SHIPPED_DIR, load_bundle, shipped_info
+from vvs.engines.torch_backend import torch_engines, torch_text_encoder
+from vvs.models.bundle import SHIPPED_DIR, load_bundle, shipped_info, shipped_text_encoder
 from vvs.quality import Instruments
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
 from vvs.train.classifier import accuracy, real_crops
+from vvs.train.data import PHOTOS
 from vvs.engines.manifest import sha256
 from vvs.train.shipped import HELDOUT_SEED, load_classifier
 from vvs.train.tokenizer import tokenizer_psnr
@@ -113,3 +114,36 @@ def test_mar_samples_show_their_class(classifier):
         with torch.no_grad():
             hits = (classifier(gen.images).argmax(-1) == labels).float().mean()
         assert hits > MAR_GENERATED_BAR, mode
+
+
+# ----------------------------------------------------------------------------- the text-to-image pair
+
+T2I_GENERATED_BAR = 0.6  # measured 0.91 (each photograph's first caption, 16 x 2 images) when the weights were made
+
+
+def test_t2i_weights_match_their_description():
+    info = shipped_info("shipped_t2i.json")
+    for entry in info["files"].values():
+        assert sha256(SHIPPED_DIR / entry["file"]) == entry["sha256"]
+    assert sorted(info["captions"]) == sorted(p.name for p in PHOTOS)
+    bundle = load_bundle(t2i=True)
+    assert bundle.target.config.model_type == "t2i" and bundle.target.config.caption_dim == 64
+
+
+@pytest.fixture(scope="module")
+def t2i_samples():
+    """32 AR images from prompts, two per photograph (each photograph's first caption), shipped defaults."""
+    bundle = load_bundle(t2i=True)
+    engines = torch_engines(bundle)
+    engines.text = torch_text_encoder(shipped_text_encoder(), bundle.target.config.cls_token_num)
+    info = shipped_info("shipped_t2i.json")
+    prompts = [info["captions"][p.name][0] for p in PHOTOS] * 2
+    opts = DecodeOptions.from_dict(info["decoding_defaults"]).updated(mode="ar")
+    return torch.arange(32) % len(PHOTOS), Pipeline(engines, opts).generate(prompts, seed=0)
+
+
+def test_t2i_images_show_what_their_prompt_describes(t2i_samples, classifier):
+    """The classifier of the quality instruments recognises the photograph a prompt describes in the image made
+    from it (chance: 1/16)."""
+    photos, gen = t2i_samples
+    assert accuracy(classifier, gen.images, photos) > T2I_GENERATED_BAR

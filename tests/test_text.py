@@ -102,7 +102,7 @@ def test_a_prompt_gives_the_tokens_its_embeddings_give(text_folder, t5_dir, mode
     pipe.close()
 
 
-def test_encoded_prompts_are_cached(text_folder):
+def test_encoded_prompts_are_cached_and_chunked_to_the_engine(text_folder):
     engines = load_engines(text_folder, "onnxruntime")
     calls = []
     graph = engines.text.graph
@@ -111,6 +111,12 @@ def test_encoded_prompts_are_cached(text_folder):
     first = engines.text.encode(["a cat", "a dog", "a cat"])
     second = engines.text.encode(["a dog", "a bird"])
     assert calls == [2, 1] and torch.equal(first[0][1], second[0][0])
+    engines.text.max_rows = 2  # a TensorRT engine built for 2 images: new prompts go in twos
+    prompts = ["a fish", "a tree", "a bird", "a boat", "a house", "a road"]
+    chunked = engines.text.encode(prompts)
+    assert calls[2:] == [2, 2, 1]
+    whole = load_engines(text_folder, "onnxruntime").text.encode(prompts)
+    assert torch.allclose(chunked[0], whole[0], atol=1e-6) and torch.equal(chunked[1], whole[1])
 
 
 def test_prompts_and_classes_on_the_wrong_folder_are_one_line_errors(text_folder, tiny_folder):

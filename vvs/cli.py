@@ -130,7 +130,7 @@ def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter
     import time
 
     from vvs.export.exporter import check_out_dir, export_folder
-    from vvs.models.bundle import load_bundle, shipped_info
+    from vvs.models.bundle import load_bundle, shipped_info, shipped_text_encoder
 
     start = time.time()
     check_out_dir(Path(out).resolve(), force)  # before loading anything
@@ -154,9 +154,14 @@ def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter
         bundle = load_bundle(checkpoint, config, vq, vq_config, drafter, t2i=t2i, ema=ema, grid_size=grid_size)
         click.echo(bundle.summary())
         shipped = shipped_info() if not (checkpoint or drafter or vq) else None
-        extra = ({"classes": [c["name"] for c in shipped["classes"]], "image_size": shipped["image_size"]}
-                 if shipped else {})
-        defaults = shipped["decoding_defaults"] if shipped else {}
+        extra, defaults = {}, {}
+        if shipped and t2i:  # the shipped text-to-image pair, with its own encoder unless another is given
+            extra = {"image_size": shipped["image_size"]}
+            defaults = shipped_info("shipped_t2i.json")["decoding_defaults"]
+            text_encoder = text_encoder or str(shipped_text_encoder())
+        elif shipped:
+            extra = {"classes": [c["name"] for c in shipped["classes"]], "image_size": shipped["image_size"]}
+            defaults = shipped["decoding_defaults"]
         encoder = None
         if text_encoder:
             from vvs.text.export import load_text_encoder
@@ -174,7 +179,8 @@ def export_cmd(model, config, t2i, grid_size, checkpoint, vq, vq_config, drafter
     total = sum(f["bytes"] for f in manifest["files"].values())
     click.echo(f"wrote {out}/: {len(manifest['graphs'])} graphs ({precision}, opset {manifest['versions']['opset']}), "
                f"{len(manifest['files'])} files, {total / 1e6:.1f} MB, in {time.time() - start:.0f} s")
-    click.echo(f"next: vvs-run --engine {out}")
+    example = ' --prompt "a photo of a cat"' if "text" in manifest else ""
+    click.echo(f"next: vvs-run --engine {out}{example}")
 
 
 LLAMAGEN_ONLY = {"t2i": "--t2i", "grid_size": "--grid-size", "vq": "--vq", "vq_config": "--vq-config",
@@ -629,6 +635,26 @@ def train_mar_cmd(out, seed, vq):
     ensure_writable_dir(Path(out))
     weights = reproduce_mar(Path(out), Path(vq) if vq else shipped_path("vq"), seed)
     click.echo(f"wrote {weights} (copy mar_*.safetensors and shipped_mar.json to vvs/weights/ to ship them)")
+
+
+@train_cmd.command("t2i", help="Reproduce the shipped text-to-image pair (T5 encoder folder, target and drafter) on "
+                               "the shipped tokenizer's codes, starting from the shipped class-conditional target. "
+                               "Resumable.")
+@click.option("--out", type=click.Path(file_okay=False), default="runs/t2i", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--vq", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The VQ tokenizer of the images. Default: the shipped one.")
+@click.option("--start", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The class-conditional target of the same images to start from. Default: the shipped one.")
+def train_t2i_cmd(out, seed, vq, start):
+    from vvs.models.bundle import shipped_path
+    from vvs.output import ensure_writable_dir
+    from vvs.train.t2i import reproduce_t2i
+
+    ensure_writable_dir(Path(out))
+    weights = reproduce_t2i(Path(out), Path(vq) if vq else shipped_path("vq"),
+                            Path(start) if start else shipped_path("target"), seed)
+    click.echo(f"wrote {weights} (copy its files to vvs/weights/ to ship them)")
 
 
 @train_cmd.command("drafter", help="Train an EAGLE/LANTERN drafter for a target. --data is an .npz with "

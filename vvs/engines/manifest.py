@@ -236,5 +236,5 @@ def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device)
         default_options=manifest["decoding_defaults"],
     )
     engines.trees[TreeShape(*manifest["graphs"]["draft_tree"]["tree"])] = graphs["draft_tree"]
-    engines.text = folder_text_encoder(folder, manifest, graphs.get("text_encode"), device)
+    engines.text = folder_text_encoder(folder, manifest, backend, graphs.get("text_encode"), device)
     return engines

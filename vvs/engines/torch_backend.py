@@ -1,6 +1,8 @@
 """The torch backend: the graph modules of :mod:`vvs.export.graphs`, run eagerly (CPU or CUDA)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -58,28 +60,28 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
     return engines
 
 
-def torch_text_graph(folder, manifest: dict, device: torch.device) -> TorchEngine | None:
-    """The folder's text encoder from its ``transformers`` files (``text/``), or None for a folder without one."""
-    if "text" not in manifest:
-        return None
+def torch_text_encoder(text_dir: Path, slots: int, device: str | torch.device = "cpu"):
+    """Prompts -> captions with the ``transformers`` T5 folder ``text_dir`` (config, weights, tokenizer.json) run
+    eagerly: an engine folder's ``text/``, or an encoder folder before any export (training)."""
+    from tokenizers import Tokenizer
     from transformers import T5EncoderModel
 
-    from vvs.engines.manifest import graph_spec
-    from vvs.text.export import TEXT_DIR, EncoderGraph
+    from vvs.export.spec import text_encode_spec
+    from vvs.text.encoder import TextEncoder
+    from vvs.text.export import EncoderGraph
 
-    encoder = T5EncoderModel.from_pretrained(str(folder / TEXT_DIR), torch_dtype=torch.float32).to(device).eval()
-    return TorchEngine(EncoderGraph(encoder), graph_spec(manifest, "text_encode"))
+    device = torch.device(device)
+    encoder = T5EncoderModel.from_pretrained(str(text_dir), dtype=torch.float32).to(device).eval()
+    graph = TorchEngine(EncoderGraph(encoder), text_encode_spec(slots, encoder.config.d_model))
+    return TextEncoder(Tokenizer.from_file(str(Path(text_dir) / "tokenizer.json")), graph, slots, device)
 
 
 def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_graphs: bool = False) -> EngineSet:
     """The torch backend over an engine folder's stored weights (same defaults and tables as the graphs)."""
-    from pathlib import Path
-
     from safetensors.torch import load_file
 
     from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, read_manifest, verify_files
     from vvs.models.loading import load_drafter, load_gpt, load_vq
-    from vvs.text.encoder import folder_text_encoder
     from vvs.text.export import TEXT_DIR
 
     folder = Path(folder)
@@ -99,8 +101,8 @@ def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_gra
     dtype = torch.float16 if manifest["precision"] in ("fp16", "int8") else torch.float32
     engines = torch_engines(bundle, device, dtype, manifest["max_draft_top_k"], manifest["decoding_defaults"])
     engines.neighbour_table = load_file(folder / manifest["tables"]["file"])["neighbours"].to(engines.device)
-    engines.text = folder_text_encoder(folder, manifest, torch_text_graph(folder, manifest, engines.device),
-                                       engines.device)
+    if "text" in manifest:
+        engines.text = torch_text_encoder(folder / TEXT_DIR, target.config.cls_token_num, engines.device)
     if cuda_graphs:
         from vvs.engines.cuda_graphs import capture_graphs
 

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from vvs.models.mar import MAR
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "weights"
-SHIPPED = {"target": "target.safetensors", "drafter": "drafter.safetensors", "vq": "vq.safetensors"}
+SHIPPED = {"target": "target.safetensors", "drafter": "drafter.safetensors", "vq": "vq.safetensors",
+           "t2i_target": "t2i_target.safetensors", "t2i_drafter": "t2i_drafter.safetensors",
+           "text_encoder": "text_encoder/model.safetensors"}
 
 
 @dataclass
@@ -37,14 +39,20 @@ class ModelBundle:
         ])
 
 
-def shipped_info() -> dict:
-    """``shipped.json``: configs, classes, licences, metrics and sha256 of the shipped weights."""
+def shipped_info(name: str = "shipped.json") -> dict:
+    """``shipped.json``: configs, classes, licences, metrics and sha256 of the shipped weights
+    (``shipped_t2i.json``: the text-to-image pair's)."""
     import json
 
-    path = SHIPPED_DIR / "shipped.json"
+    path = SHIPPED_DIR / name
     if not path.is_file():
         raise VVSError(f"{path}: missing; reinstall vvs")
     return json.loads(path.read_text())
+
+
+def shipped_text_encoder() -> Path:
+    """The shipped text-to-image pair's T5 encoder folder (config.json, model.safetensors, tokenizer.json)."""
+    return shipped_path("text_encoder").parent
 
 
 def shipped_path(name: str) -> Path:
@@ -64,16 +72,18 @@ def load_bundle(
     ema: bool = False,
     grid_size: int | None = None,
 ) -> ModelBundle:
-    """Load the three models; any argument left out falls back to the shipped model. ``config`` names the size
-    of an official checkpoint; ``grid_size`` its token grid (16 for 256 px, 24 for 384 px, 32 for 512 px)."""
+    """Load the three models; any argument left out falls back to the shipped model (``t2i``: the shipped
+    text-to-image pair). ``config`` names the size of an official checkpoint; ``grid_size`` its token grid (16 for
+    256 px, 24 for 384 px, 32 for 512 px)."""
     overrides = {**({"model_type": "t2i"} if t2i else {}), **({"grid_size": grid_size} if grid_size else {})}
     try:
         target_cfg = gpt_config(config, **overrides) if config else None
         vq_cfg = vq_config(vq_config_name) if vq_config_name else None
     except KeyError as err:
         raise VVSError(str(err.args[0])) from None
-    target = load_gpt(checkpoint or shipped_path("target"), target_cfg, ema=ema)
-    drafter_model = load_drafter(drafter or shipped_path("drafter"), target.config)
+    pair = "t2i_" if t2i else ""
+    target = load_gpt(checkpoint or shipped_path(f"{pair}target"), target_cfg, ema=ema)
+    drafter_model = load_drafter(drafter or shipped_path(f"{pair}drafter"), target.config)
     vq_model = load_vq(vq or shipped_path("vq"), vq_cfg, ema=ema)
     if vq_model.config.codebook_size != target.config.vocab_size:
         raise VVSError(

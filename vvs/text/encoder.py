@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
@@ -34,8 +35,9 @@ def left_pad(hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, to
 class TextEncoder:
     """A folder's text encoder. ``encode`` is thread-safe; prompts seen before come from the cache."""
 
-    def __init__(self, tokenizer: Tokenizer, graph, slots: int, device: torch.device):
-        self.graph, self.slots, self.device = graph, slots, device
+    def __init__(self, tokenizer: Tokenizer, graph, slots: int, device: torch.device, max_rows: int | None = None):
+        """``max_rows``: the most prompts one graph call takes (a TensorRT engine's profile), else any number."""
+        self.graph, self.slots, self.device, self.max_rows = graph, slots, device, max_rows
         self.tokenizer = tokenizer
         self.tokenizer.enable_truncation(max_length=slots)
         pad = tokenizer.token_to_id("<pad>")
@@ -55,11 +57,13 @@ class TextEncoder:
         with self.lock:
             rows = {p: self.cache[p] for p in prompts if p in self.cache}
         missing = [p for p in dict.fromkeys(prompts) if p not in rows]
-        if missing:
-            ids, mask = self.tokenize(missing)
+        step = self.max_rows or max(1, len(missing))
+        for start in range(0, len(missing), step):
+            chunk = missing[start : start + step]
+            ids, mask = self.tokenize(chunk)
             hidden = self.graph.run(input_ids=ids.to(self.device),
                                     attention_mask=mask.to(self.device))["hidden"].float().cpu()
-            rows.update(zip(missing, zip(*left_pad(hidden, mask))))
+            rows.update(zip(chunk, zip(*left_pad(hidden, mask))))
         with self.lock:
             for p in rows:
                 self.cache[p] = rows[p]
@@ -82,12 +86,11 @@ def check_prompts(prompts) -> list[str]:
     return list(prompts)
 
 
-def folder_text_encoder(folder, manifest: dict, graph, device: torch.device) -> TextEncoder | None:
-    """The text encoder of an engine folder whose ``text_encode`` graph a backend has opened (``graph``), or None
-    for a folder without one."""
+def folder_text_encoder(folder, manifest: dict, backend: str, graph, device: torch.device) -> TextEncoder | None:
+    """The text encoder of an engine folder whose ``text_encode`` graph ``backend`` has opened (``graph``), or
+    None for a folder without one. TensorRT engines take at most the images they were built for."""
     if graph is None:
         return None
-    from pathlib import Path
-
     tokenizer = Tokenizer.from_file(str(Path(folder) / manifest["text"]["tokenizer"]))
-    return TextEncoder(tokenizer, graph, manifest["model"]["target"]["cls_token_num"], device)
+    return TextEncoder(tokenizer, graph, manifest["model"]["target"]["cls_token_num"], device,
+                       manifest.get(backend, {}).get("max_images"))

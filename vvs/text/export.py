@@ -49,7 +49,7 @@ def load_text_encoder(source: str | Path, caption_dim: int):
     if not tokenizer.is_fast:
         raise VVSError(f"option --text-encoder {source}: no fast tokenizer (tokenizer.json, or spiece.model with "
                        "sentencepiece installed)")
-    encoder = T5EncoderModel.from_pretrained(str(source), torch_dtype=torch.float32).eval()
+    encoder = T5EncoderModel.from_pretrained(str(source), dtype=torch.float32).eval()
     return encoder, tokenizer
 
 

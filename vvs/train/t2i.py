@@ -1,0 +1,194 @@
+"""The shipped text-to-image pair: a text-conditional target and drafter on the shipped tokenizer's codes of the
+shipped photographs, each photograph described by several captions, and the T5 encoder that reads them.
+
+The encoder is a T5 of the official architecture, **randomly initialised and never trained**, with a Unigram
+tokenizer trained on the captions: a fixed random map from captions to features. The target's caption projection
+learns to read those features, as LlamaGen's learns to read FLAN-T5-XL's. Prompts made of the captions' words
+steer the pair; other words are mostly unknown pieces to it.
+
+Stages (each skipped when its result exists, training resumes from checkpoints): text encoder -> caption
+features -> target (from the shipped class-conditional target) -> drafter -> ``weights_t2i/``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from vvs.engines.manifest import sha256
+from vvs.files import follow_umask
+from vvs.models.gpt import GPT, caption_causal_mask, gpt_config
+from vvs.models.loading import load_drafter, load_gpt, save_model
+from vvs.train.data import PHOTOS
+from vvs.train.drafter import train_drafter
+from vvs.train.loop import Schedule, train
+from vvs.train.target import tokenize_crops
+from vvs.train.text_encoder import save_text_encoder, t5_encoder, train_tokenizer
+from vvs.train.tokenizer import IMAGE_SIZE
+
+CAPTIONS: dict[str, list[str]] = {
+    "astronaut": ["a portrait of an astronaut in a white space suit", "a smiling woman astronaut with a flag",
+                  "an astronaut holding a helmet", "a photo of an astronaut"],
+    "chelsea": ["a photo of a cat", "a tabby cat looking to the side", "a close-up of a ginger cat's face",
+                "a cat with green eyes and whiskers"],
+    "coffee": ["a cup of coffee on a saucer", "a white coffee cup with a spoon", "a photo of a cup of coffee",
+               "coffee in a cup on a wooden table"],
+    "rocket": ["a rocket on the launch pad", "a photo of a rocket before launch", "a white rocket against the sky",
+               "a space rocket standing on a tower"],
+    "hubble_deep_field": ["galaxies in deep space", "a telescope image of distant galaxies",
+                          "a dark sky full of galaxies and stars", "the hubble deep field"],
+    "immunohistochemistry": ["a microscope image of stained tissue", "brown and blue cells under a microscope",
+                             "a stained tissue sample", "immunohistochemistry of tissue"],
+    "retina": ["a photo of the retina of an eye", "an eye fundus with red blood vessels",
+               "an orange retina with blood vessels", "a medical image of the back of an eye"],
+    "brick": ["a brick wall", "red bricks and mortar", "a texture of old bricks", "a close-up of a brick wall"],
+    "grass": ["green grass", "a lawn of green grass", "a texture of grass blades", "a close-up of grass"],
+    "gravel": ["grey gravel", "a texture of small stones", "a close-up of gravel", "pebbles on the ground"],
+    "camera": ["a black and white photo of a cameraman", "a man with a camera on a tripod",
+               "a photographer in a coat on a field", "a grey photo of a man with a camera"],
+    "coins": ["old coins on a dark background", "a grey photo of many coins", "rows of ancient coins",
+              "a collection of coins"],
+    "cell": ["a microscope image of a cell", "a grey image of a single cell", "a cell under a microscope",
+             "a blurry grey cell"],
+    "china": ["a chinese temple with a red roof", "a pagoda under a blue sky", "a temple among trees",
+              "a photo of a building in china"],
+    "flower": ["a pink flower", "a close-up of a dahlia", "a flower with pink petals", "a photo of a flower"],
+    "grace_hopper": ["a portrait of grace hopper", "a woman in a navy uniform", "an old portrait of an officer",
+                     "a photo of a woman in uniform"],
+}
+SLOTS = 32  # caption slots: the captions are short (LlamaGen's checkpoints use 120)
+ENCODER = dict(width=64, layers=2, heads=4, head_dim=16, ff=128)
+TOKENIZER_VOCAB = 256
+DROPOUT = 0.1  # a caption replaced by the unconditional one, as LlamaGen trains (the CFG null)
+TRAIN_CROPS = 5120
+T2I_DECODING = {"cfg_scale": 3.0, "top_k": 0, "lantern_k": 32}
+
+
+def caption_list() -> tuple[list[str], torch.Tensor]:
+    """Every caption, and the photo (class) each describes."""
+    texts, photos = [], []
+    for i, photo in enumerate(PHOTOS):
+        texts += CAPTIONS[photo.name]
+        photos += [i] * len(CAPTIONS[photo.name])
+    return texts, torch.tensor(photos)
+
+
+def build_text_encoder(folder: Path, seed: int) -> Path:
+    texts, _ = caption_list()
+    tokenizer = train_tokenizer(texts, TOKENIZER_VOCAB)
+    return save_text_encoder(t5_encoder(len(tokenizer), seed=seed, **ENCODER), tokenizer, folder)
+
+
+@torch.no_grad()
+def caption_features(text_folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded features ``[captions, SLOTS, width]`` and masks of every caption, through the runtime's own
+    prompt path (cleaning, tokenizer, encoder, left padding)."""
+    from vvs.engines.torch_backend import torch_text_encoder
+
+    return torch_text_encoder(text_folder, SLOTS).encode(caption_list()[0])
+
+
+def train_t2i_target(features, masks, caption_photo, labels, tokens, out_dir: Path, seed: int, start: GPT,
+                     steps: int = 400, batch: int = 32, lr: float = 5e-4) -> GPT:
+    """The target on (random caption of the crop's photo, crop codes); a dropped caption is the unconditional one
+    over all slots. It starts from ``start``, the class-conditional target of the same images: every weight but
+    the condition embedding carries over (image tokens keep their rotary phases whatever the slot count), so a few
+    hundred steps teach it to read captions instead of class ids."""
+    torch.manual_seed(seed)
+    model = GPT(gpt_config("GPT-vvs-S", model_type="t2i", cls_token_num=SLOTS, caption_dim=features.shape[-1]))
+    carried = {k: v for k, v in start.state_dict().items() if not k.startswith("cls_embedding.")}
+    missing, unexpected = model.load_state_dict(carried, strict=False)
+    assert not unexpected and all(k.startswith("cls_embedding.") for k in missing), (missing, unexpected)
+    by_photo = [torch.nonzero(caption_photo == p).flatten() for p in range(len(PHOTOS))]
+    length = SLOTS + tokens.shape[1] - 1
+
+    def step_fn(step: int, gen: torch.Generator):
+        pick = torch.randint(0, len(tokens), (batch,), generator=gen)
+        choice = torch.stack([by_photo[int(p)][torch.randint(0, len(by_photo[int(p)]), (1,), generator=gen)]
+                              for p in labels[pick]]).flatten()
+        drop = torch.rand(batch, generator=gen) < DROPOUT
+        cond = torch.where(drop[:, None, None], model.cls_embedding.uncond_embedding, features[choice])
+        mask = torch.where(drop[:, None], True, masks[choice])
+        seq = tokens[pick]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model.teacher_forced(cond, seq[:, :-1], caption_causal_mask(mask, length)).logits
+        # output position SLOTS - 1 + i predicts image token i
+        return F.cross_entropy(logits[:, SLOTS - 1:].float().flatten(0, 1), seq.flatten()), {}
+
+    train("t2i_target", model, step_fn, Schedule(steps=steps, lr=lr, warmup=50, weight_decay=0.05), out_dir, seed)
+    return model
+
+
+def reproduce_t2i(out_dir: Path, vq_path: Path, c2i_target_path: Path, seed: int = 0) -> Path:
+    """Train the pair into ``out_dir`` and write ``out_dir/weights_t2i`` (the files that ship), on the tokenizer
+    at ``vq_path`` and starting from the class-conditional target at ``c2i_target_path``."""
+    from vvs.models.loading import load_vq
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(os.cpu_count() or 1)
+    started = time.time()
+    text_folder = out_dir / "text_encoder"
+    if not (text_folder / "model.safetensors").is_file():
+        build_text_encoder(text_folder, seed)
+    features, masks = caption_features(text_folder)
+    _, caption_photo = caption_list()
+    tokens_path = out_dir / "tokens.safetensors"
+    if not tokens_path.is_file():
+        labels, tokens = tokenize_crops(load_vq(vq_path).eval(), TRAIN_CROPS, IMAGE_SIZE, seed)
+        save_file({"labels": labels, "tokens": tokens}, tokens_path)
+    data = load_file(tokens_path)
+    target_path = out_dir / "t2i_target.safetensors"
+    if target_path.is_file():
+        target = load_gpt(target_path)
+    else:
+        target = train_t2i_target(features, masks, caption_photo, data["labels"], data["tokens"], out_dir, seed,
+                                  load_gpt(c2i_target_path))
+        save_model(target, target_path, "gpt")
+    target.eval()
+    drafter_path = out_dir / "t2i_drafter.safetensors"
+    if drafter_path.is_file():
+        drafter = load_drafter(drafter_path, target.config)
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        per_crop = torch.stack([candidates[torch.randint(0, len(candidates), (1,), generator=gen)]
+                                for candidates in (torch.nonzero(caption_photo == p).flatten()
+                                                   for p in data["labels"])]).flatten()
+        drafter = train_drafter(target, features[per_crop], data["tokens"], out_dir, seed, steps=600,
+                                caption_mask=masks[per_crop])
+        save_model(drafter, drafter_path, "drafter")
+    return ship_t2i(out_dir, target, drafter.eval(), text_folder, seed, time.time() - started)
+
+
+def ship_t2i(out_dir: Path, target, drafter, text_folder: Path, seed: int, seconds: float) -> Path:
+    import shutil
+
+    from vvs.train.shipped import ship_model
+
+    weights = out_dir / "weights_t2i"
+    weights.mkdir(exist_ok=True)
+    files = {name: ship_model(model, weights / f"t2i_{name}.safetensors", kind)
+             for name, model, kind in (("target", target, "gpt"), ("drafter", drafter, "drafter"))}
+    shutil.copytree(text_folder, weights / "text_encoder", dirs_exist_ok=True)
+    follow_umask(weights / "text_encoder")  # safetensors writes its files 0600
+    for path in sorted((weights / "text_encoder").iterdir()):
+        files[f"text_encoder/{path.name}"] = {"file": f"text_encoder/{path.name}", "sha256": sha256(path),
+                                              "bytes": path.stat().st_size}
+    info = {
+        "description": "vvs's shipped text-to-image pair: a LlamaGen t2i-architecture target and EAGLE drafter on "
+                       "the shipped tokenizer's codes of the shipped photographs, captioned by hand, with a "
+                       "randomly initialised (untrained) T5 encoder and a tokenizer trained on the captions.",
+        "seed": seed,
+        "training_seconds": round(seconds, 1),
+        "reproduce": f"vvs-train t2i --out {out_dir} --seed {seed}",
+        "captions": CAPTIONS,
+        "decoding_defaults": T2I_DECODING,
+        "files": files,
+    }
+    (weights / "shipped_t2i.json").write_text(json.dumps(info, indent=2) + "\n")
+    return weights
