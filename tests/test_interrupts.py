@@ -113,11 +113,11 @@ def test_vvs_serve_drains_in_flight_requests_when_interrupted(tiny_folder):
     which a load balancer does not retry), and the process exits 130 with one line."""
     pytest.importorskip("ray", reason="the serve extra is installed by the test set-up")
     port = free_port()
-    proc = start_serve(tiny_folder, port, "--grace-s", "60", "--max-images", "256")
+    proc = start_serve(tiny_folder, port, "--grace-s", "60", "--max-images", "128")
     try:
         answer = {}
         start = time.monotonic()
-        worker = threading.Thread(target=lambda: answer.update(status=post(port, [i % 10 for i in range(256)])[0],
+        worker = threading.Thread(target=lambda: answer.update(status=post(port, [i % 10 for i in range(128)])[0],
                                                                seconds=time.monotonic() - start))
         worker.start()
         time.sleep(1.0)

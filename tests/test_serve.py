@@ -188,28 +188,32 @@ def test_the_replica_reports_its_phases_in_server_timing(server):
     assert sum(phases.values()) < latency
 
 
-def test_prompts_over_http(server, text_folder):
-    """A text-conditional folder with its text encoder, deployed beside the class-conditional one (its own route
-    prefix): prompts in, the Pipeline's tokens and images out; a prompt to the class-conditional app, a caption
-    mask with prompts and an empty prompt are 400s with one line."""
+@pytest.fixture(scope="module")
+def t2i_server(server, text_folder):
+    """A text-conditional folder with its text encoder, deployed beside the class-conditional one under its own
+    route prefix."""
     serve.run(application(str(text_folder), backend="onnxruntime", threads=1, max_batch=4), name="t2i",
               route_prefix="/t2i")
-    try:
-        client = Client(server + "/t2i", timeout=120)
-        assert client.model()["prompts"] is True
-        prompts = ["a red bird", "un café crème 🙂"]
-        result = client.generate(prompts, mode="vvs", seed=3)
-        alone = Pipeline(load_engines(text_folder, "onnxruntime", threads=1)).generate(prompts, mode="vvs", seed=3)
-        assert result.tokens == alone.tokens.tolist()
-        assert np.array_equal(_pixels(result.images[1]), _pixels(alone.pil_images()[1]))
-        for url, body, message in (
-                (server, {"conditions": ["a cat"]}, "class-conditional; pass class ids"),
-                (server + "/t2i", {"conditions": ["a cat"], "caption_mask": [[True] * 3]}, "caption_mask goes with"),
-                (server + "/t2i", {"conditions": ["a cat", " "]}, "prompt 1 is empty")):
-            code, data = _post(url + "/v1/generate", json.dumps(body).encode())
-            assert code == 400 and message in data["error"] and "\n" not in data["error"], data
-    finally:
-        serve.delete("t2i")
+    yield server + "/t2i"
+    serve.delete("t2i")
+
+
+def test_prompts_over_http(server, t2i_server, text_folder):
+    """Prompts in, the Pipeline's tokens and images out; a prompt to the class-conditional app, a caption mask with
+    prompts and an empty prompt are 400s with one line."""
+    client = Client(t2i_server, timeout=120)
+    assert client.model()["prompts"] is True
+    prompts = ["a red bird", "un café crème 🙂"]
+    result = client.generate(prompts, mode="vvs", seed=3)
+    alone = Pipeline(load_engines(text_folder, "onnxruntime", threads=1)).generate(prompts, mode="vvs", seed=3)
+    assert result.tokens == alone.tokens.tolist()
+    assert np.array_equal(_pixels(result.images[1]), _pixels(alone.pil_images()[1]))
+    for url, body, message in (
+            (server, {"conditions": ["a cat"]}, "class-conditional; pass class ids"),
+            (t2i_server, {"conditions": ["a cat"], "caption_mask": [[True] * 3]}, "caption_mask goes with"),
+            (t2i_server, {"conditions": ["a cat", " "]}, "prompt 1 is empty")):
+        code, data = _post(url + "/v1/generate", json.dumps(body).encode())
+        assert code == 400 and message in data["error"] and "\n" not in data["error"], data
 
 
 def chromium_driver():
@@ -261,5 +265,34 @@ def test_the_page_shows_ar_and_vvs_side_by_side_in_a_real_browser(server, local)
             caption = figure.find_element(By.TAG_NAME, "figcaption").text
             assert f"{alone.stats[0].target_forwards} target forwards" in caption
             assert ("changes the distribution" in caption) == (mode == "vvs")
+    finally:
+        browser.quit()
+
+
+def test_the_page_takes_a_prompt_in_a_real_browser(t2i_server, text_folder):
+    """The page of a text-conditional folder (under a route prefix): type a prompt, pick sd as well, generate; the
+    three images are the API's for that prompt and seed."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser = chromium_driver()
+    try:
+        browser.get(t2i_server)
+        wait = WebDriverWait(browser, 120)
+        wait.until(lambda b: b.find_element(By.ID, "prompt").is_displayed())
+        assert not browser.find_element(By.ID, "class").is_displayed()
+        prompt = browser.find_element(By.ID, "prompt")
+        prompt.clear()
+        prompt.send_keys("a red bird on a branch")
+        browser.find_element(By.CSS_SELECTOR, "input[value=sd]").click()
+        browser.find_element(By.ID, "generate").click()
+        wait.until(lambda b: "Done" in b.find_element(By.ID, "status").text)
+        figures = browser.find_elements(By.CSS_SELECTOR, "#results figure")
+        assert [f.get_attribute("data-mode") for f in figures] == ["ar", "sd", "vvs"]
+        pipe = Pipeline(load_engines(text_folder, "onnxruntime", threads=1))
+        for figure in figures:
+            alone = pipe.generate(["a red bird on a branch"], mode=figure.get_attribute("data-mode"), seed=0)
+            png = base64.b64decode(figure.find_element(By.TAG_NAME, "img").get_attribute("src").split(",", 1)[1])
+            assert np.array_equal(_pixels(Image.open(io.BytesIO(png))), _pixels(alone.pil_images()[0]))
     finally:
         browser.quit()
