@@ -2,9 +2,11 @@
 skip schedules, KV compaction, seeding, options."""
 import pytest
 import torch
+from conftest import SMALL
 
 from vvs.runtime.decode import Decoding, Speculation, run
-from vvs.runtime.options import OptionsError
+from vvs.runtime.options import DecodeOptions, OptionsError
+from vvs.runtime.pipeline import Pipeline
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +36,20 @@ def test_greedy_sd_equals_ar_for_text_conditioning(pipeline_factory):
     ar = pipe.generate(captions, mode="ar", temperature=0, cfg_scale=2.0, caption_mask=mask, decode_images=False)
     sd = pipe.generate(captions, mode="sd", temperature=0, cfg_scale=2.0, caption_mask=mask, decode_images=False)
     assert torch.equal(ar.tokens, sd.tokens)
+
+
+def test_float32_captions_run_on_half_precision_engines(bundle_factory):
+    """An fp16 folder's graphs take fp16 captions; the float32 captions a caller (or the text encoder) gives are
+    cast, so they decode exactly as the same captions given in fp16 (they failed the graphs' dtype check before)."""
+    from vvs.engines.torch_backend import torch_engines
+
+    pipe = Pipeline(torch_engines(bundle_factory(model_type="t2i"), dtype=torch.float16), DecodeOptions(**SMALL))
+    captions = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[False, True, True], [True, True, True]])
+    for mode in ("ar", "sd"):
+        full = pipe.generate(captions, mode=mode, seed=2, caption_mask=mask, decode_images=False)
+        half = pipe.generate(captions.half(), mode=mode, seed=2, caption_mask=mask, decode_images=False)
+        assert torch.equal(full.tokens, half.tokens)
 
 
 def test_uniform_skip_schedule(pipe):

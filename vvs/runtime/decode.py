@@ -87,7 +87,8 @@ class Decoding:
                  caption_mask: torch.Tensor | None = None):
         self._setup(engines, opts, conditions.shape[0])
         self.random = ImageRandom(seeds, self.dev)
-        self.conditions = conditions.to(self.dev)
+        # captions in the graphs' activation dtype (fp16 folders); class ids stay int64
+        self.conditions = conditions.to(self.dev, engines.dtype if conditions.is_floating_point() else conditions.dtype)
         self.kv = KVCache(self.layout, self._kv_buffer())
         self.caption_mask = None if caption_mask is None else caption_mask.to(self.dev)
         if self.caption_mask is not None:  # padded caption slots stay invisible to every later query
