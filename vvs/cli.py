@@ -56,9 +56,8 @@ def _main(command: click.Command, prog: str) -> None:
     except VVSError as err:
         click.echo(f"{prog}: error: {err}", err=True)
         sys.exit(2)
-    except (click.Abort, KeyboardInterrupt) as err:
-        terminated = isinstance(err, Terminated) or isinstance(err.__cause__, Terminated) or (
-            isinstance(err, click.Abort) and bool(_signalled) and isinstance(_signalled[-1], Terminated))
+    except (click.Abort, KeyboardInterrupt):
+        terminated = bool(_signalled) and isinstance(_signalled[-1], Terminated)  # every signal is recorded
         click.echo(f"{prog}: {'terminated' if terminated else 'interrupted'}", err=True)
         sys.exit(143 if terminated else 130)
 
@@ -311,21 +310,26 @@ def resolve_classes(values: tuple[str, ...], names: list[str] | None, num_classe
     return [ids[i % len(ids)] for i in range(count)]
 
 
-def image_prompts(engine_dir, manifest: dict, classes, prompts, prompts_file, count: int | None) -> list[str]:
-    """The prompts of a text-conditional folder's images (``--class`` is refused; the folder must hold its text
-    encoder)."""
-    if classes:
-        raise VVSError("option --class: this folder's model is text-conditional; give --prompt or --prompts")
-    if "text" not in manifest:
-        raise VVSError(f"{engine_dir}: has no text encoder, so prompts cannot be encoded; re-export it with "
-                       "vvs-export --t2i --text-encoder, or pass caption embeddings to the Pipeline API")
-    return resolve_prompts(prompts, prompts_file, count)
+def resolve_conditions(engine_dir, manifest: dict, classes, prompts, prompts_file, count: int | None,
+                       class_default: int) -> list:
+    """Each image's condition: prompts for a text-conditional folder (``--class`` refused; the folder must hold its
+    text encoder), else class ids (``--prompt`` refused). ``count`` images, or one per prompt, or ``class_default``
+    classes in turn."""
+    from vvs.engines.manifest import is_mar
 
-
-def reject_prompts(prompts, prompts_file) -> None:
+    mar, target = is_mar(manifest), manifest["model"]["target"]
+    if not mar and target["model_type"] == "t2i":
+        if classes:
+            raise VVSError("option --class: this folder's model is text-conditional; give --prompt or --prompts")
+        if "text" not in manifest:
+            raise VVSError(f"{engine_dir}: has no text encoder, so prompts cannot be encoded; re-export it with "
+                           "vvs-export --t2i --text-encoder, or pass caption embeddings to the Pipeline API")
+        return resolve_prompts(prompts, prompts_file, count)
     if prompts or prompts_file:
         raise VVSError(f"option {'--prompt' if prompts else '--prompts'}: this folder's model is class-conditional; "
                        "give --class")
+    num_classes = target["class_num"] if mar else target["num_classes"]
+    return resolve_classes(classes, manifest["model"].get("classes"), num_classes, count or class_default)
 
 
 def resolve_prompts(prompts: tuple[str, ...], prompts_file: str | None, count: int | None) -> list[str]:
@@ -438,13 +442,8 @@ def run_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, 
     modes = resolve_modes(modes, [], mode_names)
     overrides = family_overrides(decoding, mar)
     names = manifest["model"].get("classes")
-    target = manifest["model"]["target"]
-    if not mar and target["model_type"] == "t2i":
-        labels = image_prompts(engine_dir, manifest, classes, prompts, prompts_file, num_images)
-    else:
-        reject_prompts(prompts, prompts_file)
-        num_classes = target["class_num"] if mar else target["num_classes"]
-        labels = resolve_classes(classes, names, num_classes, num_images or (len(split_values(classes)) or 4))
+    labels = resolve_conditions(engine_dir, manifest, classes, prompts, prompts_file, num_images,
+                                len(split_values(classes)) or 4)
     seeds = resolve_seeds(seed, len(labels))
     engines = load_engines(engine_dir, backend, device, threads)
     pipe = make_pipeline(engines, batch_size)
@@ -547,15 +546,9 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
     if tune and not os.access(Path(engine_dir) / MANIFEST, os.W_OK):
         raise VVSError(f"option --tune: {Path(engine_dir) / MANIFEST} is not writable, so the tuned defaults could "
                        "not be saved; copy the folder somewhere writable")
-    target = manifest["model"]["target"]
-    if not mar and target["model_type"] == "t2i":
-        labels = image_prompts(engine_dir, manifest, classes, prompts, prompts_file, num_images)
-        num_images = len(labels)
-    else:
-        reject_prompts(prompts, prompts_file)
-        num_images = num_images or max(16, len(split_values(classes)))
-        labels = resolve_classes(classes, manifest["model"].get("classes"),
-                                 target["class_num"] if mar else target["num_classes"], num_images)
+    labels = resolve_conditions(engine_dir, manifest, classes, prompts, prompts_file, num_images,
+                                max(16, len(split_values(classes))))
+    num_images = len(labels)
     instruments = load_instruments(Path(engine_dir), manifest)  # an inflated pair's quality is its source's
     if scale is not None:
         ensure_writable_dir(Path(engine_dir).parent)

@@ -45,15 +45,12 @@ def create() -> ray.actor.ActorHandle:
     return DrainState.options(name=NAME, namespace=NAMESPACE).remote()
 
 
-def drain(state: ray.actor.ActorHandle, grace_s: float) -> bool:
-    """Raise the flag and wait until the replicas hold no request (True) or ``grace_s`` passes (False)."""
+def drain(state: ray.actor.ActorHandle, grace_s: float) -> None:
+    """Raise the flag and wait until the replicas hold no request or ``grace_s`` passes."""
     ray.get(state.stop.remote())
     deadline = time.monotonic() + grace_s
-    while not ray.get(state.drained.remote()):
-        if time.monotonic() > deadline:
-            return False
+    while not ray.get(state.drained.remote()) and time.monotonic() < deadline:
         time.sleep(POLL_S)
-    return True
 
 
 class ReplicaDrain:

@@ -93,6 +93,13 @@ def caption_features(text_folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
     return torch_text_encoder(text_folder, SLOTS).encode(caption_list()[0])
 
 
+def random_captions(caption_photo: torch.Tensor, photos: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """For each photo id in ``photos``, the index of one of its captions, drawn uniformly."""
+    by_photo = [torch.nonzero(caption_photo == p).flatten() for p in range(len(PHOTOS))]
+    return torch.stack([by_photo[p][torch.randint(0, len(by_photo[p]), (1,), generator=gen)]
+                        for p in photos.tolist()]).flatten()
+
+
 def train_t2i_target(features, masks, caption_photo, labels, tokens, out_dir: Path, seed: int, start: GPT,
                      steps: int = 400, batch: int = 32, lr: float = 5e-4) -> GPT:
     """The target on (random caption of the crop's photo, crop codes); a dropped caption is the unconditional one
@@ -104,13 +111,11 @@ def train_t2i_target(features, masks, caption_photo, labels, tokens, out_dir: Pa
     carried = {k: v for k, v in start.state_dict().items() if not k.startswith("cls_embedding.")}
     missing, unexpected = model.load_state_dict(carried, strict=False)
     assert not unexpected and all(k.startswith("cls_embedding.") for k in missing), (missing, unexpected)
-    by_photo = [torch.nonzero(caption_photo == p).flatten() for p in range(len(PHOTOS))]
     length = SLOTS + tokens.shape[1] - 1
 
     def step_fn(step: int, gen: torch.Generator):
         pick = torch.randint(0, len(tokens), (batch,), generator=gen)
-        choice = torch.stack([by_photo[int(p)][torch.randint(0, len(by_photo[int(p)]), (1,), generator=gen)]
-                              for p in labels[pick]]).flatten()
+        choice = random_captions(caption_photo, labels[pick], gen)
         drop = torch.rand(batch, generator=gen) < DROPOUT
         cond = torch.where(drop[:, None, None], model.cls_embedding.uncond_embedding, features[choice])
         mask = torch.where(drop[:, None], True, masks[choice])
@@ -155,10 +160,7 @@ def reproduce_t2i(out_dir: Path, vq_path: Path, c2i_target_path: Path, seed: int
     if drafter_path.is_file():
         drafter = load_drafter(drafter_path, target.config)
     else:
-        gen = torch.Generator().manual_seed(seed)
-        per_crop = torch.stack([candidates[torch.randint(0, len(candidates), (1,), generator=gen)]
-                                for candidates in (torch.nonzero(caption_photo == p).flatten()
-                                                   for p in data["labels"])]).flatten()
+        per_crop = random_captions(caption_photo, data["labels"], torch.Generator().manual_seed(seed))
         drafter = train_drafter(target, features[per_crop], data["tokens"], out_dir, seed, steps=600,
                                 caption_mask=masks[per_crop])
         save_model(drafter, drafter_path, "drafter")
