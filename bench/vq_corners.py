@@ -1,13 +1,19 @@
-"""The shipped VQ decoder's corner artefact (for docs/performance.md).
+"""Is any corner of the decoded image special? (for docs/performance.md)
 
-Usage: python bench/vq_corners.py
+Usage: python bench/vq_corners.py [--vq OTHER.safetensors ...] [--crops 256] [--figure PATH]
 
-Decodes 16 grids of one repeated code each, with the shipped decoder and with a randomly initialised decoder of the
-same architecture, and prints how much more each 24 px corner patch deviates from the image's median colour than
-the centre does (1.0 = no artefact).
+For the shipped VQ tokenizer, any other tokenizer files given, and randomly initialised decoders of the shipped
+architecture with zero and with reflection padding, prints per 24 px region (four corners, centre):
+- how far grids of one repeated code decode from a flat colour (mean |pixel - median|, x 100);
+- the mean absolute reconstruction error of held-out crops through the codebook (x 100), the top-left's excess
+  over the other corners' mean, and PSNR through the codes and through the continuous latents.
+With ``--figure``, also the same AR tokens of the shipped target (one image for every other class, seed 0 + i)
+through each tokenizer file, one row per file, upscaled 2x.
+The decoder from before the fix: ``git show 55a9ab5:vvs/weights/vq.safetensors > /tmp/vq-zeros.safetensors``.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -15,37 +21,68 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from vvs.models.bundle import load_bundle  # noqa: E402
-from vvs.models.vq import VQModel  # noqa: E402
+from vvs.engines.torch_backend import torch_engines  # noqa: E402
+from vvs.models.bundle import load_bundle, shipped_info, shipped_path  # noqa: E402
+from vvs.models.latents import VQLatents  # noqa: E402
+from vvs.models.loading import load_vq  # noqa: E402
+from vvs.models.vq import VQModel, vq_config  # noqa: E402
+from vvs.output import grid_image  # noqa: E402
+from vvs.runtime.options import DecodeOptions  # noqa: E402
+from vvs.runtime.pipeline import Pipeline  # noqa: E402
+from vvs.train.classifier import real_crops  # noqa: E402
+from vvs.train.shipped import HELDOUT_SEED  # noqa: E402
+from vvs.train.tokenizer import (REGIONS, flat_grid_deviation, psnr, region_errors, tokenizer_psnr,  # noqa: E402
+                                 top_left_excess)
 
-CORNERS = {"top-left": (4, 4), "top-right": (4, -28), "bottom-left": (-28, 4), "bottom-right": (-28, -28)}
-
-
-@torch.no_grad()
-def corner_ratios(vq: VQModel, grid: int) -> dict[str, float]:
-    codes = torch.randint(0, vq.config.codebook_size, (16, 1), generator=torch.Generator().manual_seed(5))
-    img = vq.eval().decode_codes(codes.expand(-1, grid * grid), grid)
-    median = img.flatten(2).median(-1).values[..., None, None]
-    dev = (img - median).abs().mean(1)  # [16, H, W]
-    size = dev.shape[-1]
-    centre = dev[:, size // 2 - 24 : size // 2 + 24, size // 2 - 24 : size // 2 + 24].mean()
-    out = {}
-    for name, (r, c) in CORNERS.items():
-        r, c = r % size, c % size
-        out[name] = float(dev[:, r : r + 24, c : c + 24].mean() / centre)
-    return out
+GRID = 16
 
 
 def main():
-    bundle = load_bundle()
-    grid = bundle.target.config.grid_size
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vq", action="append", default=[], help="another tokenizer file to measure")
+    parser.add_argument("--crops", type=int, default=256, help="held-out crops (default 256)")
+    parser.add_argument("--figure", help="write the same generated tokens through each tokenizer file here (PNG)")
+    args = parser.parse_args()
     torch.manual_seed(0)
-    rows = {"shipped decoder": corner_ratios(bundle.vq.float(), grid),
-            "random-init decoder": corner_ratios(VQModel(bundle.vq.config), grid)}
-    print("| decoder | " + " | ".join(CORNERS) + " |")
-    print("|---|" + "---|" * len(CORNERS))
-    for name, ratios in rows.items():
-        print(f"| {name} | " + " | ".join(f"{ratios[k]:.1f}x" for k in CORNERS) + " |")
+    decoders = {"shipped": load_vq(shipped_path("vq")).float()}
+    decoders.update({Path(p).name: load_vq(p).float() for p in args.vq})
+    for padding in ("zeros", "reflect"):
+        decoders[f"random-init, {padding} padding"] = VQModel(vq_config("VQ-vvs-S", decoder_padding=padding)).eval()
+    crops = real_crops(args.crops, HELDOUT_SEED)[0] * 2 - 1
+
+    print("Grids of one repeated code: mean |pixel - median colour| x 100\n")
+    print("| decoder | " + " | ".join(REGIONS) + " |\n|---|" + "---|" * len(REGIONS))
+    for name, vq in decoders.items():
+        dev = flat_grid_deviation(vq, GRID)
+        print(f"| {name} | " + " | ".join(f"{100 * dev[k]:.2f}" for k in REGIONS) + " |")
+
+    print(f"\n{args.crops} held-out crops: mean |reconstruction error| x 100 through the codes\n")
+    print("| decoder | " + " | ".join(REGIONS) + " | top-left / other corners | PSNR codes | PSNR latents |")
+    print("|---|" + "---|" * (len(REGIONS) + 3))
+    for name, vq in decoders.items():
+        if name.startswith("random-init"):
+            continue
+        err = region_errors(vq, crops)
+        latents = VQLatents(vq, 1.0)
+        with torch.no_grad():
+            continuous = psnr(latents.decode(latents.encode(crops)), crops).mean()
+        print(f"| {name} | " + " | ".join(f"{100 * err[k]:.2f}" for k in REGIONS)
+              + f" | {top_left_excess(err):.3f} | {tokenizer_psnr(vq, crops).mean():.2f} dB | {continuous:.2f} dB |")
+    if args.figure:
+        files = [name for name in decoders if not name.startswith("random-init")]
+        write_figure([decoders[name] for name in files], args.figure)
+        print(f"\nwrote {args.figure}: rows " + ", ".join(files))
+
+
+def write_figure(tokenizers: list[VQModel], path: str) -> None:
+    bundle = load_bundle()
+    opts = DecodeOptions.from_dict(shipped_info()["decoding_defaults"]).updated(mode="ar")
+    classes = list(range(0, bundle.target.config.num_classes, 2))
+    tokens = Pipeline(torch_engines(bundle), opts).generate(classes, seed=0, decode_images=False).tokens
+    with torch.no_grad():
+        images = torch.cat([vq.decode_codes(tokens, GRID) for vq in tokenizers])
+    grid = grid_image(images, columns=len(classes))
+    grid.resize((grid.width * 2, grid.height * 2), 0).save(path)  # 0: nearest neighbour, pixels stay visible
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def small_bundle(tmp: Path, vocab=16, grid=4, seed=0, model_type="c2i") -> Model
     target = GPT(gpt_config("GPT-tiny", vocab_size=vocab, grid_size=grid, **extra)).eval()
     with torch.no_grad():  # sharper distributions than the 0.02 init gives, so sampling has structure
         target.output.weight.mul_(40)
-    vq = VQModel(vq_config("VQ-tiny", codebook_size=vocab)).eval()
+    vq = VQModel(vq_config("VQ-tiny", codebook_size=vocab, decoder_padding="reflect")).eval()  # as the shipped one
     # teach the drafter the target's own samples for a few steps, so that drafts get accepted
     gen = torch.Generator().manual_seed(seed)
     n = 48

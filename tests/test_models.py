@@ -150,3 +150,24 @@ def test_drafter_rejects_mismatched_width():
     target = gpt_config("GPT-tiny")
     with pytest.raises(ValueError, match="does not match"):
         Drafter(DrafterConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, vocab_size=256), target)
+
+
+@torch.no_grad()
+def test_a_reflection_padded_decoder_has_no_position_to_paint_from():
+    """A grid of one repeated code decodes to one flat colour with reflection padding (the shipped tokenizer's), and
+    not with LlamaGen's zero padding, whose border tells a decoder where it is. Padding adds no weights, so both
+    read the same checkpoints; a misspelt padding is refused by name."""
+    from vvs.models.vq import VQModel, vq_config
+
+    codes = torch.full((1, 16 * 16), 7)
+    std = {}
+    for padding in ("zeros", "reflect"):
+        torch.manual_seed(0)
+        vq = VQModel(vq_config("VQ-vvs-S", decoder_padding=padding)).eval()
+        std[padding] = float(vq.decode_codes(codes, 16).std(dim=(2, 3)).max())
+        keys = sorted(vq.state_dict())
+    assert std["reflect"] < 1e-6 < 1e-3 < std["zeros"]
+    assert keys == sorted(VQModel(vq_config("VQ-vvs-S", decoder_padding="zeros")).state_dict())
+    assert vq_config("VQ-16").decoder_padding == "zeros"
+    with pytest.raises(ValueError, match="decoder_padding must be 'zeros' or 'reflect', not 'reflection'"):
+        vq_config("VQ-vvs-S", decoder_padding="reflection")

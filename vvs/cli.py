@@ -614,6 +614,22 @@ def train_all(out, seed):
     click.echo(f"wrote {weights} (copy its files to vvs/weights/ to ship them); curves: {Path(out) / 'training_curves.png'}")
 
 
+@train_cmd.command("decoder", help="Retrain a VQ tokenizer's decoder with reflection padding (how the shipped one "
+                                   "was made): encoder and codebook stay frozen, so its codes and every model "
+                                   "trained on them stay valid. Resumable.")
+@click.option("--vq", type=click.Path(dir_okay=False, exists=True), required=True,
+              help="The tokenizer whose decoder is retrained.")
+@click.option("--out", type=click.Path(file_okay=False), default="runs/decoder", show_default=True)
+@click.option("--seed", type=int, default=2, show_default=True)
+def train_decoder_cmd(vq, out, seed):
+    from vvs.output import ensure_writable_dir
+    from vvs.train.decoder import reship_decoder
+
+    ensure_writable_dir(Path(out))
+    weights = reship_decoder(Path(out), Path(vq), seed)
+    click.echo(f"wrote {weights} (copy vq.safetensors and shipped.json to vvs/weights/ to ship them)")
+
+
 @train_cmd.command("mar", help="Reproduce the shipped MAR pair (target and draft, continuous tokens) on the shipped "
                                "VQ tokenizer's latents. Resumable.")
 @click.option("--out", type=click.Path(file_okay=False), default="runs/mar", show_default=True)

@@ -27,8 +27,14 @@ class VQConfig:
     num_res_blocks: int = 2
     norm_groups: int = 32
     commit_loss_beta: float = 0.25
+    # How the decoder's 3x3 convolutions pad. LlamaGen pads with zeros; the border is then a signal from which
+    # a small decoder learns position, and the shipped one painted a blob into the top-left corner of every image.
+    # Reflection gives no such signal. Official checkpoints keep "zeros" (their exact architecture).
+    decoder_padding: str = "zeros"
 
     def __post_init__(self):
+        if self.decoder_padding not in ("zeros", "reflect"):
+            raise ValueError(f"decoder_padding must be 'zeros' or 'reflect', not {self.decoder_padding!r}")
         object.__setattr__(self, "encoder_ch_mult", tuple(self.encoder_ch_mult))
         object.__setattr__(self, "decoder_ch_mult", tuple(self.decoder_ch_mult))
 
@@ -46,7 +52,7 @@ VQ_SIZES: dict[str, dict] = {
     "VQ-tiny": dict(codebook_size=256, base_channels=32, encoder_ch_mult=(1, 2), decoder_ch_mult=(1, 2),
                     z_channels=32, num_res_blocks=1, codebook_show_usage=False),
     "VQ-vvs-S": dict(codebook_size=1024, base_channels=32, encoder_ch_mult=(1, 2, 2, 2), decoder_ch_mult=(1, 2, 2, 2),
-                     z_channels=64, num_res_blocks=1, codebook_show_usage=False),
+                     z_channels=64, num_res_blocks=1, codebook_show_usage=False, decoder_padding="reflect"),
 }
 
 
@@ -61,12 +67,12 @@ def swish(x):
 
 
 class ResnetBlock(nn.Module):
-    def __init__(self, c_in: int, c_out: int, groups: int):
+    def __init__(self, c_in: int, c_out: int, groups: int, padding: str = "zeros"):
         super().__init__()
         self.norm1 = nn.GroupNorm(groups, c_in, eps=1e-6)
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1)
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1, padding_mode=padding)
         self.norm2 = nn.GroupNorm(groups, c_out, eps=1e-6)
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, padding_mode=padding)
         if c_in != c_out:
             self.nin_shortcut = nn.Conv2d(c_in, c_out, 1)
 
@@ -99,9 +105,9 @@ class Downsample(nn.Module):
 
 
 class Upsample(nn.Module):
-    def __init__(self, c: int):
+    def __init__(self, c: int, padding: str = "zeros"):
         super().__init__()
-        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.conv = nn.Conv2d(c, c, 3, padding=1, padding_mode=padding)
 
     def forward(self, x):
         return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
@@ -146,24 +152,24 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     def __init__(self, cfg: VQConfig):
         super().__init__()
-        ch, mult, g = cfg.base_channels, cfg.decoder_ch_mult, cfg.norm_groups
+        ch, mult, g, pad = cfg.base_channels, cfg.decoder_ch_mult, cfg.norm_groups, cfg.decoder_padding
         c_in = ch * mult[-1]
-        self.conv_in = nn.Conv2d(cfg.z_channels, c_in, 3, padding=1)
-        self.mid = nn.ModuleList([ResnetBlock(c_in, c_in, g), AttnBlock(c_in, g), ResnetBlock(c_in, c_in, g)])
+        self.conv_in = nn.Conv2d(cfg.z_channels, c_in, 3, padding=1, padding_mode=pad)
+        self.mid = nn.ModuleList([ResnetBlock(c_in, c_in, g, pad), AttnBlock(c_in, g), ResnetBlock(c_in, c_in, g, pad)])
         self.conv_blocks = nn.ModuleList()
         for level in reversed(range(len(mult))):
             block = nn.Module()
             block.res, block.attn = nn.ModuleList(), nn.ModuleList()
             for _ in range(cfg.num_res_blocks + 1):
-                block.res.append(ResnetBlock(c_in, ch * mult[level], g))
+                block.res.append(ResnetBlock(c_in, ch * mult[level], g, pad))
                 c_in = ch * mult[level]
                 if level == len(mult) - 1:
                     block.attn.append(AttnBlock(c_in, g))
             if level != 0:
-                block.upsample = Upsample(c_in)
+                block.upsample = Upsample(c_in, pad)
             self.conv_blocks.append(block)
         self.norm_out = nn.GroupNorm(g, c_in, eps=1e-6)
-        self.conv_out = nn.Conv2d(c_in, 3, 3, padding=1)
+        self.conv_out = nn.Conv2d(c_in, 3, 3, padding=1, padding_mode=pad)
 
     def forward(self, z):
         h = self.conv_in(z)

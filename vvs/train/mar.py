@@ -87,6 +87,20 @@ SIZES = {"target": "MAR-vvs-S", "draft": "MAR-vvs-XS"}
 SHIPPED_MAR_DECODING = {"num_iter": 32, "cfg_scale": 3.0, "temperature": 1.0}
 
 
+@torch.no_grad()
+def tokenizer_metrics(vq: VQModel) -> dict:
+    """The latent scale of a VQ tokenizer used as MAR's continuous tokenizer, and its held-out PSNR through the
+    continuous latents and through the codes."""
+    from vvs.train.classifier import real_crops
+    from vvs.train.tokenizer import psnr
+
+    held = real_crops(256, HELDOUT_SEED)[0] * 2 - 1
+    tokenizer = VQLatents(vq, latent_scale(vq, held))
+    return {"latent_scale": tokenizer.scale,
+            "heldout_psnr_db_continuous": float(psnr(tokenizer.decode(tokenizer.encode(held)), held).mean()),
+            "heldout_psnr_db_codes": float(psnr(vq.decode(vq.encode(held).z_q), held).mean())}
+
+
 def reproduce_mar(out_dir: Path, vq_path: Path, seed: int = 0) -> Path:
     """Train the pair on the shipped VQ tokenizer's latents; ``out_dir/weights`` gets the files that ship."""
     import json
@@ -97,23 +111,15 @@ def reproduce_mar(out_dir: Path, vq_path: Path, seed: int = 0) -> Path:
 
     from vvs.engines.manifest import sha256
     from vvs.models.loading import load_mar, load_vq, save_model
-    from vvs.train.classifier import real_crops
-    from vvs.train.tokenizer import IMAGE_SIZE, psnr
+    from vvs.train.tokenizer import IMAGE_SIZE
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(os.cpu_count() or 1)
     started = time.time()
     vq = load_vq(vq_path).float()
-    held_images, _ = real_crops(256, HELDOUT_SEED)
-    held = held_images * 2 - 1
-    tokenizer = VQLatents(vq, latent_scale(vq, held))
-    with torch.no_grad():
-        continuous = psnr(tokenizer.decode(tokenizer.encode(held)), held)
-        codes = psnr(vq.decode(vq.encode(held).z_q), held)
-    metrics = {"tokenizer": {"latent_scale": tokenizer.scale,
-                             "heldout_psnr_db_continuous": float(continuous.mean()),
-                             "heldout_psnr_db_codes": float(codes.mean())}}
+    metrics = {"tokenizer": tokenizer_metrics(vq)}
+    tokenizer = VQLatents(vq, metrics["tokenizer"]["latent_scale"])
     data_path = out_dir / "latents.safetensors"
     if not data_path.is_file():
         labels, tokens = encode_crops(tokenizer, TRAIN_CROPS, IMAGE_SIZE, seed)

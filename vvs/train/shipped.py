@@ -18,13 +18,15 @@ from vvs.engines.manifest import sha256
 from vvs.files import follow_umask
 from vvs.models.gpt import GPT
 from vvs.models.loading import load_drafter, load_gpt, load_state, load_vq, read_checkpoint, save_model
+from vvs.models.vq import VQModel
 from vvs.quality import ClassifierConfig, PhotoClassifier
 from vvs.train.classifier import accuracy, real_crops, train_classifier
 from vvs.train.data import PHOTOS
 from vvs.train.drafter import drafter_batch, drafter_loss, train_drafter
 from vvs.train.loop import plot_curves
 from vvs.train.target import sequence_nll, tokenize_crops, train_target
-from vvs.train.tokenizer import IMAGE_SIZE, tokenizer_psnr, train_tokenizer
+from vvs.train.tokenizer import (IMAGE_SIZE, flat_grid_deviation, region_errors, tokenizer_psnr, top_left_excess,
+                                 train_tokenizer)
 
 TRAIN_CROPS = 5120
 HELDOUT_SEED = 1000  # held-out crops are fresh random crops drawn with other seeds
@@ -62,8 +64,7 @@ def reproduce(out_dir: Path, seed: int = 0) -> Path:
     vq = _stage(out_dir, "vq", lambda: train_tokenizer(out_dir, seed), lambda p: load_vq(p))
     vq.eval()
     held_images, held_labels = real_crops(256, HELDOUT_SEED)
-    psnr = tokenizer_psnr(vq, held_images * 2 - 1)
-    metrics["vq"] = {"heldout_psnr_db": float(psnr.mean()), "heldout_psnr_min_db": float(psnr.min())}
+    metrics["vq"] = vq_metrics(vq, held_images)
 
     tokens_path = out_dir / "tokens.safetensors"
     if not tokens_path.is_file():
@@ -89,7 +90,7 @@ def reproduce(out_dir: Path, seed: int = 0) -> Path:
     metrics["classifier"] = {"heldout_accuracy": accuracy(classifier, held_images, held_labels)}
 
     logs = {}
-    for name in ("tokenizer", "tokenizer_full", "target", "drafter", "classifier"):
+    for name in ("tokenizer", "tokenizer_full", "tokenizer_decoder", "target", "drafter", "classifier"):
         log = out_dir / f"{name}.log.jsonl"
         if log.is_file():
             logs[name] = [json.loads(line) for line in log.read_text().splitlines()]
@@ -97,6 +98,17 @@ def reproduce(out_dir: Path, seed: int = 0) -> Path:
         plot_curves(logs, out_dir / "training_curves.png")
     return ship(out_dir, {"vq": vq, "target": target, "drafter": drafter, "classifier": classifier}, metrics,
                 seed, time.time() - started)
+
+
+@torch.no_grad()
+def vq_metrics(vq: VQModel, held_images: torch.Tensor) -> dict:
+    """Held-out PSNR through the codes, and whether any corner of a decoded image is special."""
+    crops = held_images * 2 - 1
+    psnr = tokenizer_psnr(vq, crops)
+    flat = flat_grid_deviation(vq, IMAGE_SIZE // vq.config.downsample)
+    return {"heldout_psnr_db": float(psnr.mean()), "heldout_psnr_min_db": float(psnr.min()),
+            "heldout_top_left_error_excess": top_left_excess(region_errors(vq, crops)),
+            "flat_grid_max_corner_deviation": max(v for k, v in flat.items() if k != "centre")}
 
 
 @torch.no_grad()

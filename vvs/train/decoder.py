@@ -1,0 +1,50 @@
+"""Re-ship a tokenizer with a retrained decoder: how the shipped tokenizer lost its corner artefact.
+
+The encoder and codebook stay frozen, so the codes and latents, and every model trained on them (the target and
+drafter pairs, the MAR pair), stay valid; only the files that describe the tokenizer change.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from vvs.engines.manifest import sha256
+from vvs.models.bundle import shipped_info
+from vvs.models.loading import load_vq, save_model
+from vvs.train.classifier import real_crops
+from vvs.train.mar import tokenizer_metrics
+from vvs.train.shipped import HELDOUT_SEED, KIND, ship_model, vq_metrics
+from vvs.train.tokenizer import train_decoder
+
+
+def reship_decoder(out_dir: Path, vq_path: Path, seed: int) -> Path:
+    """Retrain the decoder of the tokenizer in ``vq_path`` with reflection padding. Writes
+    ``out_dir/weights/``: ``vq.safetensors`` (shipped format) and copies of the shipped ``shipped.json`` and
+    ``shipped_mar.json`` whose tokenizer entries describe it."""
+    out_dir = Path(out_dir)
+    torch.set_num_threads(os.cpu_count() or 1)
+    path = out_dir / "vq.safetensors"
+    if path.is_file():
+        vq = load_vq(path)
+    else:
+        vq = train_decoder(load_vq(vq_path).float(), out_dir, seed)
+        save_model(vq, path, KIND["vq"])
+    vq.eval()
+    weights = out_dir / "weights"
+    weights.mkdir(exist_ok=True)
+
+    info = shipped_info()
+    metrics = {**info["files"]["vq"]["metrics"], **vq_metrics(vq, real_crops(256, HELDOUT_SEED)[0])}
+    info["files"]["vq"] = {**ship_model(vq, weights / "vq.safetensors", KIND["vq"]), "metrics": metrics}
+    info["decoder"] = {"retrained_from_sha256": sha256(vq_path), "seed": seed,
+                       "reproduce": f"vvs-train decoder --vq VQ --out {out_dir} --seed {seed} (VQ: the file of that sha256)"}
+    mar = shipped_info("shipped_mar.json")
+    mar["tokenizer"].update(tokenizer_metrics(vq))
+    for name, content in (("shipped.json", info), ("shipped_mar.json", mar)):
+        tmp = weights / f"{name}.tmp"
+        tmp.write_text(json.dumps(content, indent=2) + "\n")
+        os.replace(tmp, weights / name)
+    return weights
