@@ -13,11 +13,12 @@ from vvs.train.classifier import accuracy, real_crops
 from vvs.train.data import PHOTOS
 from vvs.engines.manifest import sha256
 from vvs.train.shipped import HELDOUT_SEED, load_classifier
-from vvs.train.tokenizer import tokenizer_psnr
+from vvs.train.tokenizer import flat_grid_deviation, region_errors, tokenizer_psnr, top_left_excess
 
 PSNR_BAR_DB = 21.0  # measured 22.9 dB mean on 256 held-out crops when the weights were made
 CLASSIFIER_BAR = 0.6  # chance is 1/16
 GENERATED_BAR = 0.4
+CORNER_EXCESS_BAR = 1.10  # the top-left's reconstruction error over the other corners' mean
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +51,28 @@ def test_weights_match_their_description():
     assert json.loads(json.dumps(info))["seed"] == 0
 
 
+@pytest.fixture(scope="module")
+def heldout_crops():
+    """64 held-out crops in [-1, 1]."""
+    return real_crops(64, HELDOUT_SEED + 7)[0] * 2 - 1
+
+
 @torch.no_grad()
-def test_tokenizer_reconstructs_heldout_crops(bundle):
-    images, _ = real_crops(64, HELDOUT_SEED + 7)
-    assert tokenizer_psnr(bundle.vq, images * 2 - 1).mean() > PSNR_BAR_DB
+def test_tokenizer_reconstructs_heldout_crops(bundle, heldout_crops):
+    assert tokenizer_psnr(bundle.vq, heldout_crops).mean() > PSNR_BAR_DB
+
+
+@torch.no_grad()
+def test_no_corner_of_a_decoded_image_is_special(bundle, heldout_crops):
+    """The shipped decoder once painted a blob into the top-left corner of every image. Grids of one repeated code
+    must decode flat in every corner, and held-out crops (each also mirrored three ways, so the same pixels visit
+    every corner) must be reconstructed as well in the top-left as in the other corners. The zero-padded decoder
+    shipped before fails both: flat-grid deviation 0.029 top-left, 0.016-0.021 elsewhere; top-left error 1.137x the
+    other corners' on these crops (the reflection-padded one: 0 everywhere, 1.090x)."""
+    flat = flat_grid_deviation(bundle.vq, bundle.target.config.grid_size)
+    assert max(flat[k] for k in ("top-left", "top-right", "bottom-left", "bottom-right")) < 0.005, flat
+    errors = region_errors(bundle.vq, heldout_crops)
+    assert top_left_excess(errors) <= CORNER_EXCESS_BAR, errors
 
 
 @torch.no_grad()
