@@ -1,0 +1,52 @@
+"""How often the shipped text-to-image pair paints what its prompt describes (for docs/shipped_model.md).
+
+    .venv/bin/python bench/t2i_quality.py --engine engines-t2i
+
+AR, the shipped decoding defaults, two images (seeds 0 and 16) per photograph and caption: for each of the four
+captions of every photograph, the share of images the photo classifier of the quality instruments assigns to that
+photograph (chance 1/16); then prompts that are not among the captions.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from vvs.engines import load_engines  # noqa: E402
+from vvs.models.bundle import SHIPPED_DIR, shipped_info  # noqa: E402
+from vvs.runtime.pipeline import Pipeline  # noqa: E402
+from vvs.train.data import PHOTOS  # noqa: E402
+from vvs.train.shipped import load_classifier  # noqa: E402
+
+UNSEEN = {"a cat": "chelsea", "a brick wall photo": "brick", "a cup of coffee": "coffee", "grass": "grass"}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", default="engines-t2i")
+    ap.add_argument("--backend", default="onnxruntime")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    pipe = Pipeline(load_engines(args.engine, backend=args.backend))
+    classifier = load_classifier(SHIPPED_DIR / "classifier.safetensors")
+    captions = shipped_info("shipped_t2i.json")["captions"]
+    names = [p.name for p in PHOTOS]
+
+    def hits(prompts: list[str], photos: list[int]) -> float:
+        images = torch.cat([pipe.generate(prompts, mode="ar", seed=seed).images for seed in (0, 16)])
+        with torch.no_grad():
+            return float((classifier(images).argmax(-1) == torch.tensor(photos * 2)).float().mean())
+
+    for k in range(4):
+        print(f"caption {k + 1} of each photograph: {hits([captions[n][k] for n in names], list(range(16))):.1%} "
+              f"of 32 images")
+    unseen = hits(list(UNSEEN), [names.index(n) for n in UNSEEN.values()])
+    print(f"prompts not among the captions ({', '.join(UNSEEN)}): {unseen:.1%} of 8 images")
+
+
+if __name__ == "__main__":
+    main()
