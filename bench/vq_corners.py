@@ -23,16 +23,15 @@ import torch  # noqa: E402
 
 from vvs.engines.torch_backend import torch_engines  # noqa: E402
 from vvs.models.bundle import load_bundle, shipped_info, shipped_path  # noqa: E402
-from vvs.models.latents import VQLatents  # noqa: E402
 from vvs.models.loading import load_vq  # noqa: E402
 from vvs.models.vq import VQModel, vq_config  # noqa: E402
 from vvs.output import grid_image  # noqa: E402
 from vvs.runtime.options import DecodeOptions  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402
 from vvs.train.classifier import real_crops  # noqa: E402
+from vvs.train.mar import tokenizer_metrics  # noqa: E402
 from vvs.train.shipped import HELDOUT_SEED  # noqa: E402
-from vvs.train.tokenizer import (REGIONS, flat_grid_deviation, psnr, region_errors, tokenizer_psnr,  # noqa: E402
-                                 top_left_excess)
+from vvs.train.tokenizer import REGIONS, flat_grid_deviation, region_errors, top_left_excess  # noqa: E402
 
 GRID = 16
 
@@ -62,12 +61,10 @@ def main():
     for name, vq in decoders.items():
         if name.startswith("random-init"):
             continue
-        err = region_errors(vq, crops)
-        latents = VQLatents(vq, 1.0)
-        with torch.no_grad():
-            continuous = psnr(latents.decode(latents.encode(crops)), crops).mean()
+        err, quality = region_errors(vq, crops), tokenizer_metrics(vq, crops)
         print(f"| {name} | " + " | ".join(f"{100 * err[k]:.2f}" for k in REGIONS)
-              + f" | {top_left_excess(err):.3f} | {tokenizer_psnr(vq, crops).mean():.2f} dB | {continuous:.2f} dB |")
+              + f" | {top_left_excess(err):.3f} | {quality['heldout_psnr_db_codes']:.2f} dB"
+              + f" | {quality['heldout_psnr_db_continuous']:.2f} dB |")
     if args.figure:
         files = [name for name in decoders if not name.startswith("random-init")]
         write_figure([decoders[name] for name in files], args.figure)

@@ -36,13 +36,14 @@ def reship_decoder(out_dir: Path, vq_path: Path, seed: int) -> Path:
     weights = out_dir / "weights"
     weights.mkdir(exist_ok=True)
 
+    held_images = real_crops(256, HELDOUT_SEED)[0]
     info = shipped_info()
-    metrics = {**info["files"]["vq"]["metrics"], **vq_metrics(vq, real_crops(256, HELDOUT_SEED)[0])}
+    metrics = {**info["files"]["vq"]["metrics"], **vq_metrics(vq, held_images)}
     info["files"]["vq"] = {**ship_model(vq, weights / "vq.safetensors", KIND["vq"]), "metrics": metrics}
     info["decoder"] = {"retrained_from_sha256": sha256(vq_path), "seed": seed,
                        "reproduce": f"vvs-train decoder --vq VQ --out {out_dir} --seed {seed} (VQ: the file of that sha256)"}
     mar = shipped_info("shipped_mar.json")
-    mar["tokenizer"].update(tokenizer_metrics(vq))
+    mar["tokenizer"].update(tokenizer_metrics(vq, held_images * 2 - 1))
     for name, content in (("shipped.json", info), ("shipped_mar.json", mar)):
         tmp = weights / f"{name}.tmp"
         tmp.write_text(json.dumps(content, indent=2) + "\n")

@@ -88,13 +88,11 @@ SHIPPED_MAR_DECODING = {"num_iter": 32, "cfg_scale": 3.0, "temperature": 1.0}
 
 
 @torch.no_grad()
-def tokenizer_metrics(vq: VQModel) -> dict:
-    """The latent scale of a VQ tokenizer used as MAR's continuous tokenizer, and its held-out PSNR through the
-    continuous latents and through the codes."""
-    from vvs.train.classifier import real_crops
+def tokenizer_metrics(vq: VQModel, held: torch.Tensor) -> dict:
+    """The latent scale of a VQ tokenizer used as MAR's continuous tokenizer, and its PSNR on held-out crops
+    (in [-1, 1]) through the continuous latents and through the codes."""
     from vvs.train.tokenizer import psnr
 
-    held = real_crops(256, HELDOUT_SEED)[0] * 2 - 1
     tokenizer = VQLatents(vq, latent_scale(vq, held))
     return {"latent_scale": tokenizer.scale,
             "heldout_psnr_db_continuous": float(psnr(tokenizer.decode(tokenizer.encode(held)), held).mean()),
@@ -111,6 +109,7 @@ def reproduce_mar(out_dir: Path, vq_path: Path, seed: int = 0) -> Path:
 
     from vvs.engines.manifest import sha256
     from vvs.models.loading import load_mar, load_vq, save_model
+    from vvs.train.classifier import real_crops
     from vvs.train.tokenizer import IMAGE_SIZE
 
     out_dir = Path(out_dir)
@@ -118,7 +117,7 @@ def reproduce_mar(out_dir: Path, vq_path: Path, seed: int = 0) -> Path:
     torch.set_num_threads(os.cpu_count() or 1)
     started = time.time()
     vq = load_vq(vq_path).float()
-    metrics = {"tokenizer": tokenizer_metrics(vq)}
+    metrics = {"tokenizer": tokenizer_metrics(vq, real_crops(256, HELDOUT_SEED)[0] * 2 - 1)}
     tokenizer = VQLatents(vq, metrics["tokenizer"]["latent_scale"])
     data_path = out_dir / "latents.safetensors"
     if not data_path.is_file():
