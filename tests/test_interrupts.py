@@ -107,6 +107,18 @@ def post(port: int, classes: list[int], seed: int = 0, mode: str = "sd") -> tupl
         return 0, {"error": repr(err)}
 
 
+def post_retrying_dropped_connections(port: int, classes: list[int], seed: int) -> tuple[int, dict]:
+    """``post`` as a client behind a load balancer sends it: a connection dropped without an answer is sent again.
+    On one machine both nodes' proxies listen on the same port, and the lost node's proxy can outlive its raylet by a
+    moment, still accepting connections it then resets (seen in CI: a reset on the first request after the loss)."""
+    deadline = time.monotonic() + 60
+    while True:
+        status, body = post(port, classes, seed)
+        if status != 0 or time.monotonic() > deadline:
+            return status, body
+        time.sleep(0.5)
+
+
 def test_vvs_serve_drains_in_flight_requests_when_interrupted(tiny_folder):
     """Ctrl-C on vvs-serve (a real local Ray instance in a subprocess): the request being decoded still gets its 200
     (it was cut off before), a request sent after the signal gets 503 with Retry-After (Ray's proxy answered 404,
@@ -141,7 +153,7 @@ def test_vvs_serve_on_a_two_node_cluster_survives_losing_a_node(tiny_folder):
     its own raylet and object store, one CPU each) that vvs-serve joins with --address, two replicas of one CPU, so
     one on each node. Mid-load the worker node is killed with its replica (and its HTTP proxy): every request
     settles — a 200 whose tokens equal a local Pipeline run, a 5xx, or a connection the lost proxy closed — and the
-    head's replica goes on serving."""
+    head's replica goes on serving: the next requests are answered with 200 (a dropped connection is sent again)."""
     pytest.importorskip("ray", reason="the serve extra is installed by the test set-up")
     from ray.cluster_utils import Cluster
 
@@ -162,7 +174,7 @@ def test_vvs_serve_on_a_two_node_cluster_survives_losing_a_node(tiny_folder):
             next(as_completed(futures))  # both replicas are busy by now
             cluster.remove_node(worker, allow_graceful=False)
             answers = [f.result(timeout=180) for f in futures]
-        after = [post(port, classes, seed) for classes, seed in requests[:2]]
+        after = [post_retrying_dropped_connections(port, classes, seed) for classes, seed in requests[:2]]
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=120)
     finally:
