@@ -59,7 +59,8 @@ def test_tuner_prefers_smaller_trees_when_verification_cost_grows():
 
 def test_tuner_records_the_measured_speed_next_to_the_prediction(pipeline_factory, monkeypatch):
     """The tuner's record holds its prediction for the chosen tree (at skip interval 2, as the candidates were
-    decoded) and the benchmark's measurement of that same setting, and the picked interval's measured speed-up."""
+    decoded) and the benchmark's measurement of that same setting, the picked interval's measured speed-up, and
+    every interval's row: the fastest (2) is passed over because its FID lies outside AR's spread, and says so."""
     import vvs.bench
     import vvs.tune
 
@@ -70,19 +71,33 @@ def test_tuner_records_the_measured_speed_next_to_the_prediction(pipeline_factor
 
     def bench(pipe, settings, classes, seeds, batch_size, instruments=None):
         seen["labels"] = [s.label for s in settings]
-        seconds = {"ar": 2.0, "vvs[skip_interval=2]": 1.7, "vvs[skip_interval=3]": 1.25}
+        seconds = {"ar": 2.0, "vvs[skip_interval=2]": 1.1, "vvs[skip_interval=3]": 1.25}
+        fid = {"ar": 12.0, "vvs[skip_interval=2]": 15.0}
+
+        def quality(label):
+            return {"class_accuracy": {"median": 0.9, "min": 0.9, "max": 0.9},
+                    "domain_fid": {"median": fid.get(label, 12.5), "min": 11.0, "max": 13.0}}
+
         modes = {s.label: {"seconds_per_image": {"median": seconds.get(s.label, 1.5)},
-                           "speedup_vs_ar": 2.0 / seconds.get(s.label, 1.5)} for s in settings}
+                           "speedup_vs_ar": 2.0 / seconds.get(s.label, 1.5), **quality(s.label)} for s in settings}
         return {"modes": modes}, {}
 
     monkeypatch.setattr(vvs.bench, "run_benchmark", bench)
-    options, record = vvs.tune.tune(pipeline_factory(), [0, 1], seeds=1, log=lambda line: None)
+    lines = []
+    options, record = vvs.tune.tune(pipeline_factory(), [0, 1], seeds=1, log=lines.append)
     assert seen["labels"][:2] == ["ar", "vvs[skip_interval=2]"]
     assert record["tree"] == {"tree_size": 4, "depth": 2, "draft_top_k": 1}
     assert record["predicted_seconds_per_image"] == pytest.approx(100 * 7e-3 + 150 * 1.5e-3)
-    assert record["measured_seconds_per_image"] == 1.7
+    assert record["measured_seconds_per_image"] == 1.1
     assert record["skip_interval"] == 3 and options.skip_interval == 3
+    assert (options.tree_size, options.depth, options.draft_top_k) == (4, 2, 1)
     assert record["measured_speedup_vs_ar"] == pytest.approx(1.6)
+    assert [(r["skip_interval"], r["within_ar_quality_spread"]) for r in record["skip_intervals"]] == [
+        (2, False), (3, True), (4, True), (5, True), (8, True)]
+    assert record["skip_intervals"][0]["speedup_vs_ar"] == pytest.approx(2.0 / 1.1)
+    assert "skip interval 2: 1.82x vs ar, outside AR's quality spread" in lines
+    assert "skip interval 3: 1.60x vs ar, inside AR's quality spread" in lines
+    assert lines[-2] == "picked skip interval 3"
 
 
 def test_bench_command_writes_results(tiny_folder, tmp_path, capsys, monkeypatch):
