@@ -125,21 +125,23 @@ def tune(pipe: Pipeline, classes: list, seeds: int, instruments=None, log=print)
         Setting(f"vvs[skip_interval={i}]", {**base, **chosen, "skip_interval": i}) for i in SKIP_CANDIDATES]
     results, _ = run_benchmark(pipe, settings, classes, seeds, batch_size=1, instruments=instruments)
     modes = results["modes"]
+    candidates = settings[1:]
     # every interval's row is kept and logged, so a pick can be checked against the ones it beat
     rows = [{"skip_interval": s.overrides["skip_interval"], "speedup_vs_ar": modes[s.label]["speedup_vs_ar"],
-             "within_ar_quality_spread": within_ar_spread(modes[s.label], modes["ar"])} for s in settings[1:]]
+             "within_ar_quality_spread": within_ar_spread(modes[s.label], modes["ar"])} for s in candidates]
     for row in rows:
         log(f"skip interval {row['skip_interval']}: {row['speedup_vs_ar']:.2f}x vs ar, "
             + ("inside" if row["within_ar_quality_spread"] else "outside") + " AR's quality spread")
-    ok = [row for row in rows if row["within_ar_quality_spread"]]
-    pick = max(ok or rows, key=lambda row: row["speedup_vs_ar"])
+    ok = [i for i, row in enumerate(rows) if row["within_ar_quality_spread"]]
+    best = max(ok or range(len(rows)), key=lambda i: rows[i]["speedup_vs_ar"])
+    pick = rows[best]
     log(f"picked skip interval {pick['skip_interval']}"
         + ("" if ok else " (no interval stayed within AR's quality spread; kept the fastest)"))
-    checked = modes[settings[1].label]  # skip interval 2: the setting the prediction is for
+    checked = modes[candidates[0].label]  # skip interval 2: the setting the prediction is for
     record = {"tree": chosen, "predicted_seconds_per_image": tree.predicted_seconds,
               "measured_seconds_per_image": checked["seconds_per_image"]["median"],
               "skip_interval": pick["skip_interval"], "measured_speedup_vs_ar": pick["speedup_vs_ar"],
               "within_ar_quality_spread": bool(ok), "skip_intervals": rows}
     log(f"predicted {record['predicted_seconds_per_image']:.3f} s/image at skip interval 2, measured "
         f"{record['measured_seconds_per_image']:.3f}")
-    return pipe.options.updated(**base, **chosen, skip_interval=pick["skip_interval"]), record
+    return pipe.options.updated(**candidates[best].overrides), record
