@@ -1,0 +1,101 @@
+"""The shipped models' tokens, bit for bit, as recorded before the model families moved into packages.
+
+``tests/golden/shipped_tokens.safetensors`` was written by ``python tests/test_golden_tokens.py`` at the commit
+that added this file (the code before the move); every later version of the code must reproduce it exactly, on
+the torch backend, for every mode at greedy and sampled settings (top-k, top-p), class-conditional and from
+prompts, and for the MAR pair. A change of tokens here is a change of behaviour, not a refactor.
+"""
+from pathlib import Path
+
+import pytest
+import torch
+
+GOLDEN = Path(__file__).parent / "golden" / "shipped_tokens.safetensors"
+C2I_MODES = ("ar", "sd", "lantern", "vvs-uniform", "vvs-dynamic")
+C2I_SETTINGS = {"greedy": {"temperature": 0.0}, "sampled": {}}
+FILTERED = {"top_k": 40, "top_p": 0.8}  # both filters, on the lossless and the skipping speculative mode
+T2I_PROMPTS = ["a photo of a cat on a sofa", "a red bird on a branch", "a bowl of soup"]
+MAR_MODES = ("ar", "cspd")
+
+
+def c2i_pipeline():
+    from vvs.models.bundle import load_bundle, shipped_info
+    from vvs.engines.torch_backend import torch_engines
+    from vvs.runtime.options import DecodeOptions
+    from vvs.runtime.pipeline import Pipeline
+
+    return Pipeline(torch_engines(load_bundle()), DecodeOptions.from_dict(shipped_info()["decoding_defaults"]))
+
+
+def t2i_pipeline():
+    from vvs.models.bundle import load_bundle, shipped_info, shipped_text_encoder
+    from vvs.engines.torch_backend import torch_engines, torch_text_encoder
+    from vvs.runtime.options import DecodeOptions
+    from vvs.runtime.pipeline import Pipeline
+
+    bundle = load_bundle(t2i=True)
+    engines = torch_engines(bundle)
+    engines.text = torch_text_encoder(shipped_text_encoder(), bundle.target.config.cls_token_num)
+    defaults = shipped_info("shipped_t2i.json")["decoding_defaults"]
+    return Pipeline(engines, DecodeOptions.from_dict(defaults))
+
+
+def mar_pipeline():
+    from vvs.models.bundle import load_mar_bundle
+    from vvs.engines.mar import torch_mar_engines
+    from vvs.runtime.mar_pipeline import MARPipeline
+
+    b = load_mar_bundle()
+    return MARPipeline(torch_mar_engines(b.target, b.draft, b.tokenizer, b.image_size,
+                                         default_options=b.decoding_defaults))
+
+
+def c2i_tokens(pipe) -> dict[str, torch.Tensor]:
+    from vvs.runtime.options import MODE_NAMES
+
+    labels = torch.tensor([0, 9])
+    runs = {f"c2i/{mode}/{name}": {**MODE_NAMES[mode], **setting}
+            for mode in C2I_MODES for name, setting in C2I_SETTINGS.items()}
+    runs.update({f"c2i/{mode}/top-k-top-p": {**MODE_NAMES[mode], **FILTERED} for mode in ("sd", "vvs-uniform")})
+    return {key: pipe.generate(labels, seed=3, decode_images=False, **options).tokens for key, options in runs.items()}
+
+
+def t2i_tokens(pipe) -> dict[str, torch.Tensor]:
+    return {f"t2i/{mode}": pipe.generate(T2I_PROMPTS, mode=mode, seed=11, decode_images=False).tokens
+            for mode in ("ar", "sd", "vvs")}
+
+
+def mar_tokens(pipe) -> dict[str, torch.Tensor]:
+    return {f"mar/{mode}": pipe.generate([1, 7], mode=mode, seed=5, num_iter=8, decode_images=False).tokens
+            for mode in MAR_MODES}
+
+
+@pytest.fixture(scope="module")
+def golden():
+    from safetensors.torch import load_file
+
+    return load_file(GOLDEN)
+
+
+@pytest.mark.slow
+def test_c2i_tokens_are_the_recorded_ones(golden):
+    for key, tokens in c2i_tokens(c2i_pipeline()).items():
+        assert torch.equal(tokens, golden[key]), key
+
+
+def test_t2i_tokens_from_prompts_are_the_recorded_ones(golden):
+    for key, tokens in t2i_tokens(t2i_pipeline()).items():
+        assert torch.equal(tokens, golden[key]), key
+
+
+def test_mar_latents_are_the_recorded_ones(golden):
+    for key, latents in mar_tokens(mar_pipeline()).items():
+        assert torch.equal(latents, golden[key]), key
+
+
+if __name__ == "__main__":
+    from safetensors.torch import save_file
+
+    tokens = {**c2i_tokens(c2i_pipeline()), **t2i_tokens(t2i_pipeline()), **mar_tokens(mar_pipeline())}
+    save_file({k: v.contiguous() for k, v in tokens.items()}, GOLDEN)
+    print(f"wrote {GOLDEN}: {len(tokens)} token sets")
