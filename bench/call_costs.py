@@ -30,10 +30,11 @@ SHAPES = [TreeShape(4, 2, 1), TreeShape(59, 4, 10)]  # the chain --tune picks on
 
 
 def export_random(size: str, vocab: int, folder: Path) -> None:
-    from vvs.export.exporter import export_folder
-    from vvs.models import GPT, VQModel, gpt_config, vq_config
-    from vvs.models.bundle import ModelBundle
-    from vvs.models.drafter import Drafter, DrafterConfig
+    from vvs.families.llamagen.exporter import export_folder
+    from vvs.families.llamagen.gpt import GPT, gpt_config
+    from vvs.models.vq import VQModel, vq_config
+    from vvs.families.llamagen.bundle import ModelBundle
+    from vvs.families.llamagen.drafter import Drafter, DrafterConfig
 
     torch.manual_seed(0)
     target = GPT(gpt_config(size, vocab_size=vocab)).eval()

@@ -6,7 +6,7 @@ wheels named in docs/performance.md). Prints a short table and writes gpu_check.
 2. per-step latency, eager vs CUDA graphs: the draft_tree call and verify at every bucket, and the AR step;
 3. end-to-end seconds per image for ar, sd, lantern, vvs, eager vs graphs (speculative cycles captured whole);
 for the shipped model and for it inflated to GPT-B (fp32) and GPT-XL (fp16) size — the scale benchmark: official
-per-call costs with the shipped pair's acceptance (:mod:`vvs.models.inflate`; the vocabulary stays 1024 codes).
+per-call costs with the shipped pair's acceptance (:mod:`vvs.families.llamagen.inflate`; the vocabulary stays 1024 codes).
 
 Usage: PYTHONPATH=. python3 bench/gpu_check.py [--images 2] [--skip-xl]
 """
@@ -29,10 +29,10 @@ import torch  # noqa: E402
 
 from vvs.engines.buckets import buckets  # noqa: E402
 from vvs.engines.cuda_graphs import GraphedEngine, capture_graphs  # noqa: E402
-from vvs.engines.torch_backend import torch_engines  # noqa: E402
+from vvs.families.llamagen.engines import torch_engines  # noqa: E402
 from vvs.export.spec import sample_inputs  # noqa: E402
-from vvs.models.bundle import ModelBundle, load_bundle, shipped_info  # noqa: E402
-from vvs.models.inflate import inflate_bundle  # noqa: E402
+from vvs.families.llamagen.bundle import ModelBundle, load_bundle, shipped_info  # noqa: E402
+from vvs.families.llamagen.inflate import inflate_bundle  # noqa: E402
 from vvs.runtime.cache import KVCache  # noqa: E402
 from vvs.runtime.options import DecodeOptions  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402

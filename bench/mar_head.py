@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from vvs.engines.onnxruntime_backend import open_session  # noqa: E402
 from vvs.export.onnx_export import export_graph  # noqa: E402
-from vvs.export.mar_graphs import HeadGraph, mar_graph_specs  # noqa: E402
+from vvs.families.mar.graphs import HeadGraph, mar_graph_specs  # noqa: E402
 from vvs.export.spec import GraphSpec, TensorSpec  # noqa: E402
-from vvs.models.bundle import load_mar_bundle  # noqa: E402
+from vvs.families.mar.bundle import load_mar_bundle  # noqa: E402
 
 
 class NetGraph(nn.Module):

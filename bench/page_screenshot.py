@@ -28,7 +28,7 @@ def main():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-c", "from vvs.cli import serve_main; serve_main()", "--engine",
+    server = subprocess.Popen([sys.executable, "-c", "from vvs.cli.serve import main; main()", "--engine",
                                args.engine, "--port", str(port)])
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"

@@ -16,8 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from vvs.engines.tensorrt_build import build_folder, parse_compute_capabilities  # noqa: E402
-from vvs.export.exporter import export_folder  # noqa: E402
-from vvs.models.bundle import load_bundle, shipped_info  # noqa: E402
+from vvs.families.llamagen.exporter import export_folder  # noqa: E402
+from vvs.families.llamagen.bundle import load_bundle, shipped_info  # noqa: E402
 
 
 def main():

@@ -21,15 +21,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from vvs.engines.torch_backend import torch_engines  # noqa: E402
-from vvs.models.bundle import load_bundle, shipped_info, shipped_path  # noqa: E402
+from vvs.families.llamagen.engines import torch_engines  # noqa: E402
+from vvs.families.llamagen.bundle import load_bundle, shipped_info, shipped_path  # noqa: E402
 from vvs.models.loading import load_vq  # noqa: E402
 from vvs.models.vq import VQModel, vq_config  # noqa: E402
 from vvs.output import grid_image  # noqa: E402
 from vvs.runtime.options import DecodeOptions  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402
 from vvs.train.classifier import real_crops  # noqa: E402
-from vvs.train.mar import tokenizer_metrics  # noqa: E402
+from vvs.families.mar.train import tokenizer_metrics  # noqa: E402
 from vvs.train.shipped import HELDOUT_SEED  # noqa: E402
 from vvs.train.tokenizer import REGIONS, flat_grid_deviation, region_errors, top_left_excess  # noqa: E402
 

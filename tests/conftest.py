@@ -4,9 +4,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from vvs.engines.torch_backend import torch_engines
-from vvs.models import GPT, VQModel, gpt_config, vq_config
-from vvs.models.bundle import ModelBundle
+from vvs.families.llamagen.engines import torch_engines
+from vvs.families.llamagen.gpt import GPT, gpt_config
+from vvs.models.vq import VQModel, vq_config
+from vvs.families.llamagen.bundle import ModelBundle
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
 from vvs.train.drafter import train_drafter
@@ -61,7 +62,7 @@ def pipeline_factory(bundle_factory):
 @pytest.fixture(scope="session")
 def tiny_folder(bundle_factory, tmp_path_factory):
     """An engine folder exported from the small random bundle."""
-    from vvs.export.exporter import export_folder
+    from vvs.families.llamagen.exporter import export_folder
 
     out = tmp_path_factory.mktemp("engines") / "tiny"
     export_folder(bundle_factory(), out, decoding_defaults=SMALL, progress=False)
@@ -106,7 +107,7 @@ def t5_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def text_folder(bundle_factory, t5_dir, tmp_path_factory):
     """The small t2i engine folder exported with the encoder (3 caption slots, 8 wide)."""
-    from vvs.export.exporter import export_folder
+    from vvs.families.llamagen.exporter import export_folder
     from vvs.text.export import load_text_encoder
 
     out = tmp_path_factory.mktemp("engines") / "t2i"

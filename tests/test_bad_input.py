@@ -14,11 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import run_cli
-from vvs.cli import bench_main, export_main, run_main, serve_main, train_main
+from vvs.cli.bench import main as bench_main
+from vvs.cli.export import main as export_main
+from vvs.cli.run import main as run_main
+from vvs.cli.serve import main as serve_main
+from vvs.cli.train import main as train_main
 from vvs.engines import load_engines
 from vvs.engines.manifest import EngineFolderError
 from vvs.errors import VVSError
-from vvs.export.exporter import export_folder
+from vvs.families.llamagen.exporter import export_folder
 from vvs.runtime.options import DecodeOptions, OptionsError
 from vvs.runtime.pipeline import Pipeline
 
@@ -271,9 +275,9 @@ def test_export_into_the_current_folder_is_refused(tmp_path, capsys, monkeypatch
     (["--compute-capability", "8.9"], "option --compute-capability: needs --backend tensorrt-rtx"),
 ])
 def test_export_refuses_bad_build_options_before_exporting(tmp_path, capsys, monkeypatch, args, message):
-    import vvs.export.exporter
+    import vvs.families.llamagen.exporter
 
-    monkeypatch.setattr(vvs.export.exporter, "export_folder", lambda *a, **k: pytest.fail("exported first"))
+    monkeypatch.setattr(vvs.families.llamagen.exporter, "export_folder", lambda *a, **k: pytest.fail("exported first"))
     code, _, err = run_cli(export_main, ["--out", tmp_path / "engines", *args], capsys, monkeypatch)
     assert message in one_line_error(code, err, "vvs-export")
     assert list(tmp_path.iterdir()) == []
@@ -282,7 +286,7 @@ def test_export_refuses_bad_build_options_before_exporting(tmp_path, capsys, mon
 def test_export_onto_a_full_disk_changes_nothing(bundle_factory, tiny_folder, tmp_path, monkeypatch):
     import errno
 
-    import vvs.export.exporter as exporter
+    import vvs.families.llamagen.exporter as exporter
 
     eng = tmp_path / "engines"
     shutil.copytree(tiny_folder, eng)
@@ -439,12 +443,12 @@ def test_a_damaged_cached_tree_graph_is_detected_and_exported_again(folder):
 @pytest.mark.parametrize("command", ["all", "mar", "t2i"])
 def test_train_checks_its_output_folder_before_training(tmp_path, capsys, monkeypatch, command):
     """A folder that cannot be written (here: below a file) is one line and exit 2 before any training."""
-    import vvs.train.mar
+    import vvs.families.mar.train
     import vvs.train.shipped
     import vvs.train.t2i
 
     monkeypatch.setattr(vvs.train.shipped, "reproduce", lambda *a: pytest.fail("trained before checking --out"))
-    monkeypatch.setattr(vvs.train.mar, "reproduce_mar", lambda *a: pytest.fail("trained before checking --out"))
+    monkeypatch.setattr(vvs.families.mar.train, "reproduce_mar", lambda *a: pytest.fail("trained before checking --out"))
     monkeypatch.setattr(vvs.train.t2i, "reproduce_t2i", lambda *a: pytest.fail("trained before checking --out"))
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import run_cli
 from vvs.bench import make_settings, parse_sweep, run_benchmark, write_results
-from vvs.cli import bench_main
+from vvs.cli.bench import main as bench_main
 from vvs.errors import VVSError
 from vvs.tune import choose_tree
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from conftest import run_cli
-from vvs.cli import export_main, run_main
+from vvs.cli.export import main as export_main
+from vvs.cli.run import main as run_main
 from vvs.engines import load_engines
-from vvs.models import save_model
+from vvs.models.loading import save_model
 from vvs.runtime.pipeline import Pipeline
 
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 from scipy import stats
 
-from vvs.engines.mar import MAREngineSet
-from vvs.models.mar import MARConfig
-from vvs.runtime.cspd import (OFFICIAL_INNER_TEMPERATURE, Gaussian, keep, log_density, official_factor,
+from vvs.families.mar.engines import MAREngineSet
+from vvs.families.mar.model import MARConfig
+from vvs.families.mar.cspd import (OFFICIAL_INNER_TEMPERATURE, Gaussian, keep, log_density, official_factor,
                               official_log_ratio, residual_sample)
-from vvs.runtime.options import MAROptions
-from vvs.runtime.mar_pipeline import MARPipeline
+from vvs.families.mar.options import MAROptions
+from vvs.families.mar.pipeline import MARPipeline
 
 P_THRESHOLD = 1e-3  # a correct sampler fails a test with this probability
 

@@ -19,8 +19,8 @@ MAR_MODES = ("ar", "cspd")
 
 
 def c2i_pipeline():
-    from vvs.models.bundle import load_bundle, shipped_info
-    from vvs.engines.torch_backend import torch_engines
+    from vvs.families.llamagen.bundle import load_bundle, shipped_info
+    from vvs.families.llamagen.engines import torch_engines
     from vvs.runtime.options import DecodeOptions
     from vvs.runtime.pipeline import Pipeline
 
@@ -28,8 +28,8 @@ def c2i_pipeline():
 
 
 def t2i_pipeline():
-    from vvs.models.bundle import load_bundle, shipped_info, shipped_text_encoder
-    from vvs.engines.torch_backend import torch_engines, torch_text_encoder
+    from vvs.families.llamagen.bundle import load_bundle, shipped_info, shipped_text_encoder
+    from vvs.families.llamagen.engines import torch_engines, torch_text_encoder
     from vvs.runtime.options import DecodeOptions
     from vvs.runtime.pipeline import Pipeline
 
@@ -41,9 +41,9 @@ def t2i_pipeline():
 
 
 def mar_pipeline():
-    from vvs.models.bundle import load_mar_bundle
-    from vvs.engines.mar import torch_mar_engines
-    from vvs.runtime.mar_pipeline import MARPipeline
+    from vvs.families.mar.bundle import load_mar_bundle
+    from vvs.families.mar.engines import torch_mar_engines
+    from vvs.families.mar.pipeline import MARPipeline
 
     b = load_mar_bundle()
     return MARPipeline(torch_mar_engines(b.target, b.draft, b.tokenizer, b.image_size,

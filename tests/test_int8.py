@@ -6,8 +6,8 @@ from onnx import numpy_helper
 
 from conftest import SMALL
 from vvs.engines import load_engines
-from vvs.export.exporter import export_folder
-from vvs.export.graphs import build_graphs
+from vvs.families.llamagen.exporter import export_folder
+from vvs.families.llamagen.graphs import build_graphs
 from vvs.export.spec import sample_inputs
 from vvs.runtime.options import DecodeOptions
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-RUN = [sys.executable, "-c", "from vvs.cli import run_main; run_main()"]
+RUN = [sys.executable, "-c", "from vvs.cli.run import main; main()"]
 
 
 def start_run(folder: Path, out: Path, *extra: str) -> subprocess.Popen:
@@ -78,7 +78,7 @@ def free_port() -> int:
 
 def start_serve(folder: Path, port: int, *extra: str) -> subprocess.Popen:
     """vvs-serve in a subprocess, once it answers /healthz."""
-    proc = subprocess.Popen([sys.executable, "-c", "from vvs.cli import serve_main; serve_main()", "--engine",
+    proc = subprocess.Popen([sys.executable, "-c", "from vvs.cli.serve import main; main()", "--engine",
                              str(folder), "--port", str(port), "--max-batch", "1", "--threads", "1", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
@@ -208,8 +208,8 @@ def interrupt_once_started(argv: list[str], marker: str) -> tuple[int, str]:
 
 
 def drafter_data(path: Path) -> Path:
-    from vvs.models import load_gpt
-    from vvs.models.bundle import shipped_path
+    from vvs.families.llamagen.loading import load_gpt
+    from vvs.families.llamagen.bundle import shipped_path
 
     cfg = load_gpt(shipped_path("target")).config
     gen = torch.Generator().manual_seed(0)
@@ -223,18 +223,18 @@ def test_an_interrupted_command_exits_130_and_leaves_nothing_half_written(comman
     """Ctrl-C in the middle of benchmarking, exporting and training: exit 130 with one line and no traceback; the
     export leaves neither the folder nor its staging copy, training neither a half-written checkpoint nor the
     drafter, the benchmark no results (its --out folder, checked for writability first, stays empty)."""
-    from vvs.models.bundle import shipped_path
+    from vvs.families.llamagen.bundle import shipped_path
 
     out = tmp_path / "out"
     if command == "vvs-bench":
-        argv = ["from vvs.cli import bench_main; bench_main()", "--engine", str(tiny_folder), "--mode", "ar,vvs",
+        argv = ["from vvs.cli.bench import main; main()", "--engine", str(tiny_folder), "--mode", "ar,vvs",
                 "--num-images", "400", "--threads", "1", "--out", str(out)]
         marker = "bench"
     elif command == "vvs-export":
-        argv = ["from vvs.cli import export_main; export_main()", "--out", str(out)]
+        argv = ["from vvs.cli.export import main; main()", "--out", str(out)]
         marker = "export"
     else:
-        argv = ["from vvs.cli import train_main; train_main()", "drafter", "--checkpoint",
+        argv = ["from vvs.cli.train import main; main()", "drafter", "--checkpoint",
                 str(shipped_path("target")), "--data", str(drafter_data(tmp_path / "data.npz")), "--out", str(out),
                 "--steps", "100000"]
         marker = "train drafter"

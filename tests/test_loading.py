@@ -9,10 +9,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from vvs.models import (
-    GPT, CheckpointError, Drafter, DrafterConfig, VQModel, causal_mask, gpt_config, load_drafter, load_gpt, load_vq,
-    save_model, vq_config,
-)
+from vvs.families.llamagen.drafter import Drafter, DrafterConfig
+from vvs.families.llamagen.gpt import GPT, gpt_config
+from vvs.models.layers import causal_mask
+from vvs.families.llamagen.loading import load_drafter, load_gpt
+from vvs.models.loading import CheckpointError, load_vq, save_model
+from vvs.models.vq import VQModel, vq_config
 
 
 def official_gpt_file(model: GPT, path, prefix: str = "") -> None:
@@ -228,7 +230,7 @@ def test_cli_reports_bad_checkpoint_in_one_line_with_exit_2(tmp_path):
     path = tmp_path / "broken.pt"
     path.write_bytes(b"not a checkpoint at all")
     proc = subprocess.run(
-        [sys.executable, "-c", "from vvs.cli import export_main; export_main()",
+        [sys.executable, "-c", "from vvs.cli.export import main; main()",
          "--checkpoint", str(path), "--config", "GPT-tiny", "--out", str(tmp_path / "engines")],
         capture_output=True, text=True,
     )

@@ -8,9 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, safe_open
 
-from vvs.models.kl_vae import AutoencoderKL, KLConfig
-from vvs.models.loading import CheckpointError, load_kl_vae, load_mar, save_model
-from vvs.models.mar import MAR, MARConfig, mar_config
+from vvs.families.mar.kl_vae import AutoencoderKL, KLConfig
+from vvs.families.mar.loading import load_kl_vae, load_mar
+from vvs.models.loading import CheckpointError, save_model
+from vvs.families.mar.model import MAR, MARConfig, mar_config
 
 GOLDEN = Path(__file__).parent / "golden" / "mar_official.safetensors"
 MAR_CFG = MARConfig(img_size=64, vae_stride=16, vae_embed_dim=16, encoder_embed_dim=64, encoder_depth=2,

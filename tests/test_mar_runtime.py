@@ -9,16 +9,17 @@ import pytest
 import torch
 
 from vvs.engines import load_engines
-from vvs.engines.mar import MAREngineSet, torch_mar_engines
+from vvs.families.mar.engines import MAREngineSet, torch_mar_engines
 from vvs.engines.manifest import read_manifest
 from vvs.errors import VVSError
-from vvs.export.mar_exporter import export_mar_folder
-from vvs.models.latents import VQLatents
-from vvs.models.mar import MAR, mar_config
+from vvs.families.mar.exporter import export_mar_folder
+from vvs.families.mar.latents import VQLatents
+from vvs.families.mar.model import MAR, mar_config
 from vvs.models.vq import VQModel, vq_config
-from vvs.runtime.mar_decode import MaskSchedule
-from vvs.runtime.mar_pipeline import MARPipeline
-from vvs.runtime.options import MAROptions, OptionsError
+from vvs.families.mar.decode import MaskSchedule
+from vvs.families.mar.pipeline import MARPipeline
+from vvs.families.mar.options import MAROptions
+from vvs.runtime.options import OptionsError
 
 SMALL_MAR = dict(img_size=32, vae_stride=8, vae_embed_dim=8, class_num=4, num_sampling_steps="4")
 DEFAULTS = {"num_iter": 6, "cfg_scale": 2.0, "draft_steps": 2, "prefill_ratio": 0.2}
@@ -164,7 +165,7 @@ def test_every_mar_graph_builds_in_tensorrt_rtx(folder, tmp_path):
 
 
 def run_cli(*args, cwd):
-    return subprocess.run([sys.executable, "-c", "from vvs.cli import run_main; run_main()", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-c", "from vvs.cli.run import main; main()", *args], cwd=cwd,
                           capture_output=True, text=True)
 
 

@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from vvs.models import GPT, Drafter, DrafterConfig, causal_mask, gpt_config
+from vvs.families.llamagen.drafter import Drafter, DrafterConfig
+from vvs.families.llamagen.gpt import GPT, gpt_config
+from vvs.models.layers import causal_mask
 from vvs.models.layers import apply_rope, pair_swap, rope_2d_table, rope_factors
 
 TOL = 1e-5

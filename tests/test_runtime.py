@@ -41,7 +41,7 @@ def test_greedy_sd_equals_ar_for_text_conditioning(pipeline_factory):
 def test_float32_captions_run_on_half_precision_engines(bundle_factory):
     """An fp16 folder's graphs take fp16 captions; the float32 captions a caller (or the text encoder) gives are
     cast, so they decode exactly as the same captions given in fp16 (they failed the graphs' dtype check before)."""
-    from vvs.engines.torch_backend import torch_engines
+    from vvs.families.llamagen.engines import torch_engines
 
     pipe = Pipeline(torch_engines(bundle_factory(model_type="t2i"), dtype=torch.float16), DecodeOptions(**SMALL))
     captions = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
@@ -139,7 +139,7 @@ def test_class_id_out_of_range(pipe):
 def test_runtime_ar_equals_the_model_level_sampler(pipe):
     """Two independent implementations of guided AR decoding (the runtime's loop over the exported-graph
     interface, and :func:`sample_ar` on the model) agree token for token when decoding greedily."""
-    from vvs.models.gpt import sample_ar
+    from vvs.families.llamagen.gpt import sample_ar
 
     target = pipe.engines.graphs["target_verify"].module.target
     classes = torch.tensor([0, 4, 9])

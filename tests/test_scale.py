@@ -7,11 +7,11 @@ import torch
 
 from conftest import SMALL, run_cli
 from reference_accept import walk_accept
-from vvs.engines.torch_backend import torch_engines
-from vvs.export.graphs import Proposer
-from vvs.models.bundle import load_bundle
-from vvs.models.gpt import causal_mask
-from vvs.models.inflate import inflate_bundle, inflated_config
+from vvs.families.llamagen.engines import torch_engines
+from vvs.families.llamagen.graphs import Proposer
+from vvs.families.llamagen.bundle import load_bundle
+from vvs.models.layers import causal_mask
+from vvs.families.llamagen.inflate import inflate_bundle, inflated_config
 from vvs.runtime.accept import Relaxation, sample_accept
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
@@ -81,7 +81,7 @@ def test_inflating_a_broken_copy_is_caught():
 
 
 def test_inflation_refuses_a_smaller_size(shipped):
-    from vvs.models.gpt import gpt_config
+    from vvs.families.llamagen.gpt import gpt_config
 
     with pytest.raises(ValueError, match="at least as many layers and heads"):
         inflated_config(gpt_config("GPT-XL", n_layer=8), "GPT-B")
@@ -185,7 +185,7 @@ def test_bench_scale_runs_an_inflated_folder(tiny_folder, tmp_path, capsys, monk
     there with the source pair's tokens (greedy), labels the numbers, and refuses what it cannot do."""
     import shutil
 
-    from vvs.cli import bench_main
+    from vvs.cli.bench import main as bench_main
 
     folder = tmp_path / "engines"
     shutil.copytree(tiny_folder, folder)

@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 
-from vvs.engines.torch_backend import torch_engines, torch_text_encoder
-from vvs.models.bundle import SHIPPED_DIR, load_bundle, shipped_info, shipped_text_encoder
+from vvs.families.llamagen.engines import torch_engines, torch_text_encoder
+from vvs.families.llamagen.bundle import SHIPPED_DIR, load_bundle, shipped_info, shipped_text_encoder
 from vvs.quality import Instruments
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
@@ -105,7 +105,7 @@ MAR_GENERATED_BAR = 0.3  # AR samples were classified into their class 62.5 % of
 
 
 def test_mar_weights_match_their_description():
-    from vvs.models.bundle import load_mar_bundle, shipped_mar_info
+    from vvs.families.mar.bundle import load_mar_bundle, shipped_mar_info
 
     info = shipped_mar_info()
     for role, entry in info["files"].items():
@@ -119,9 +119,9 @@ def test_mar_weights_match_their_description():
 def test_mar_samples_show_their_class(classifier):
     """One AR and one CSpD image for every other class with the shipped defaults: both recognisably
     class-conditional."""
-    from vvs.engines.mar import torch_mar_engines
-    from vvs.models.bundle import load_mar_bundle
-    from vvs.runtime.mar_pipeline import MARPipeline
+    from vvs.families.mar.engines import torch_mar_engines
+    from vvs.families.mar.bundle import load_mar_bundle
+    from vvs.families.mar.pipeline import MARPipeline
 
     b = load_mar_bundle()
     pipe = MARPipeline(torch_mar_engines(b.target, b.draft, b.tokenizer, b.image_size,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import run_cli
-from vvs.cli import run_main
+from vvs.cli.run import main as run_main
 from vvs.engines import load_engines
 from vvs.runtime.options import OptionsError
 from vvs.runtime.pipeline import Pipeline
@@ -176,7 +176,7 @@ def test_text_encode_builds_in_tensorrt_rtx(text_folder):
 def test_vvs_bench_with_prompts(text_folder, tmp_path, capsys, monkeypatch):
     """vvs-bench on a text-conditional folder: the prompts are its images (no class statistics); AR makes one
     token per target forward, VVS more."""
-    from vvs.cli import bench_main
+    from vvs.cli.bench import main as bench_main
 
     code, out, err = run_cli(bench_main, ["--engine", text_folder, "--prompt", "a red bird", "--prompt", "a cat",
                                           "--mode", "ar,vvs", "--num-seeds", "2", "--out", tmp_path / "bench"],

@@ -65,7 +65,7 @@ def parse_sweep(items: tuple[str, ...]) -> dict[str, list]:
 
 
 def make_settings(modes: list[str], sweep: dict[str, list], names: dict = MODE_NAMES) -> list[Setting]:
-    """``names``: the mode names of the model family (``MODE_NAMES`` or ``MAR_MODE_NAMES``)."""
+    """``names``: the mode names of the model family (its registry entry's ``mode_names``)."""
     unknown = [m for m in modes if m not in names]
     if unknown:
         raise VVSError(f"option --mode: unknown {', '.join(unknown)}; choose from {', '.join(names)}")
@@ -236,13 +236,9 @@ def write_results(results: dict, out: Path, sample_images: dict[str, torch.Tenso
 
 def load_instruments(folder: Path, manifest: dict):
     """The shipped model's quality instruments, when the engine folder holds the shipped model (same classes)."""
-    from vvs.engines.manifest import TORCH_WEIGHTS
-    from vvs.models.bundle import SHIPPED_DIR, shipped_info
-    from vvs.models.loading import load_gpt
-    from vvs.quality import Instruments
+    from vvs.families.llamagen.bundle import SHIPPED_DIR, shipped_info
+    from vvs.families.registry import family_of
     from vvs.train.shipped import load_classifier
-
-    from vvs.engines.manifest import is_mar
 
     try:
         shipped = [c["name"] for c in shipped_info()["classes"]]
@@ -251,6 +247,4 @@ def load_instruments(folder: Path, manifest: dict):
     if manifest["model"].get("classes") != shipped:
         return None
     classifier = load_classifier(SHIPPED_DIR / "classifier.safetensors")
-    if is_mar(manifest):
-        return Instruments(classifier)
-    return Instruments(classifier, load_gpt(Path(folder) / TORCH_WEIGHTS["target"]))
+    return family_of(manifest).call("instruments", folder, manifest, classifier)

@@ -24,8 +24,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from vvs.models.bundle import ModelBundle
-from vvs.models.gpt import GPT, sample_ar
+from vvs.families.llamagen.bundle import ModelBundle
+from vvs.families.llamagen.gpt import GPT, sample_ar
 
 QUANTIZED = ("attention.wqkv", "attention.wo", "feed_forward.w1", "feed_forward.w3", "feed_forward.w2")
 

@@ -1,9 +1,13 @@
 """The interface between the decoding runtime and a backend.
 
-A backend provides one :class:`Engine` per graph (``target_prefill``, ``target_verify``, ``draft_tree``,
-``vq_decode``); each is called with tensors by the input names of its :class:`~vvs.export.spec.GraphSpec` and
-returns a dict by output name. Tensors cross the interface as torch tensors on ``EngineSet.device``, so the
-runtime's control logic is the same code for every backend.
+A backend provides one :class:`Engine` per graph; each is called with tensors by the input names of its
+:class:`~vvs.export.spec.GraphSpec` and returns a dict by output name. Tensors cross the interface as torch tensors
+on the engine set's device, so the runtime's control logic is the same code for every backend.
+
+:class:`EngineSet` is what the shared speculative loop of discrete-token families runs on: the graphs
+``target_prefill``, ``target_verify``, ``draft_tree`` and ``vq_decode`` (and ``text_encode`` where prompts are
+encoded), the target's config, and the family's :class:`~vvs.runtime.conditions.Conditioning`. A family's engine
+loader builds it (``vvs.families.<name>.engines``).
 """
 from __future__ import annotations
 
@@ -14,11 +18,11 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import torch
 
 from vvs.export.spec import GraphSpec
-from vvs.models.gpt import GPTConfig
 from vvs.runtime.neighbours import nearest_codes
 from vvs.runtime.options import OptionsError, TreeShape
 
 if TYPE_CHECKING:
+    from vvs.runtime.conditions import Conditioning
     from vvs.text.encoder import TextEncoder
 
 GRAPHS = ("target_prefill", "target_verify", "draft_tree", "vq_decode")
@@ -39,14 +43,16 @@ class Engine(Protocol):
 @dataclass
 class EngineSet:
     backend: str
-    target: GPTConfig
+    # the target's config; the loop reads cls_token_num (condition slots), num_image_tokens, vocab_size (codes),
+    # max_positions, n_layer, n_head, head_dim and dim
+    target: object
     drafter_layers: int
     graphs: dict[str, Engine]
     codebook: torch.Tensor  # [vocab, e_dim] code vectors the decoder sees
     device: torch.device
     dtype: torch.dtype  # activations and caches
     max_draft_top_k: int
-    null_condition: torch.Tensor | None = None  # t2i: the unconditional caption [C, caption_dim]
+    conditioning: Conditioning  # conditions -> the prefill's input, and the guidance null
     neighbour_table: torch.Tensor | None = None  # [vocab, K] nearest codes, precomputed by the exporter
     default_options: dict = field(default_factory=dict)
     buffers: dict = field(default_factory=dict, repr=False)  # (name, shape) -> free cache buffers

@@ -17,14 +17,15 @@ import onnx
 
 from vvs.errors import VVSError
 from vvs.export.spec import GraphSpec
-from vvs.runtime.options import DecodeOptions, MAROptions, OptionsError
+from vvs.families.registry import FAMILIES, family_of
+from vvs.runtime.options import OptionsError
 
 FORMAT = "vvs-engine-folder/1"
 MANIFEST = "manifest.json"
 TABLES = "tables.safetensors"
 CALIBRATION = "calibration.safetensors"  # int8 folders: the activation statistics the Q/DQ scales came from
 TORCH_WEIGHTS = {"target": "torch_target.safetensors", "drafter": "torch_drafter.safetensors",
-                 "vq": "torch_vq.safetensors"}
+                 "vq": "torch_vq.safetensors"}  # LlamaGen folders' (MAR's: vvs.families.mar.engines)
 
 
 class EngineFolderError(VVSError):
@@ -49,7 +50,7 @@ MANIFEST_SCHEMA = {
     "properties": {
         "format": {"const": "vvs-engine-folder/1"},
         "model": {"type": "object", "required": ["family", "target"], "properties": {
-            "family": {"enum": ["llamagen", "mar"]},
+            "family": {"enum": list(FAMILIES)},
             "target": {"type": "object"}, "drafter": {"type": "object"}, "draft": {"type": "object"},
             "vq": {"type": "object"}, "tokenizer": {"type": "object", "required": ["kind", "scale"]},
             "image_size": _COUNT, "classes": {"type": "array", "items": {"type": "string"}}}},
@@ -70,13 +71,9 @@ MANIFEST_SCHEMA = {
         "tensorrt": _PLANS,
         "tensorrt-rtx": _PLANS,
     },
-    "allOf": [
-        {"if": {"properties": {"model": {"properties": {"family": {"const": "llamagen"}}}}},
-         "then": {"required": ["max_draft_top_k", "tables"], "properties": {"model": {"required": ["drafter", "vq"]},
-                                                                            "graphs": {"required": ["draft_tree"]}}}},
-        {"if": {"properties": {"model": {"properties": {"family": {"const": "mar"}}}}},
-         "then": {"properties": {"model": {"required": ["draft", "tokenizer", "image_size"]}}}},
-    ],
+    # each family's own requirements, where the manifest names it
+    "allOf": [{"if": {"properties": {"model": {"properties": {"family": {"const": name}}}}},
+               "then": family.manifest_schema} for name, family in FAMILIES.items()],
 }
 
 
@@ -87,28 +84,15 @@ def check_manifest(manifest, path: Path) -> None:
     if error is not None:
         field = ".".join(str(p) for p in error.absolute_path) or "the top level"
         raise EngineFolderError(f"{path}: {field}: {error.message}; fix the file or re-export the folder")
-    for name, (config, derived) in model_configs(manifest).items():
+    family = family_of(manifest)
+    for name, (_, derived) in family.model_configs.items():
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in manifest["model"][name].items()}
         try:
-            built = config(**values)
+            built = family.config_class(name)(**values)
             for size in derived:  # what the loaders compute from it
                 getattr(built, size)
         except (TypeError, ValueError, ZeroDivisionError) as err:
             raise EngineFolderError(f"{path}: model.{name}: {err}; fix the file or re-export the folder") from None
-
-
-def model_configs(manifest: dict) -> dict:
-    """The config class of each model in the folder, and the derived sizes the loaders read from it."""
-    from vvs.models.drafter import DrafterConfig
-    from vvs.models.gpt import GPTConfig
-    from vvs.models.mar import MARConfig
-    from vvs.models.vq import VQConfig
-
-    if is_mar(manifest):
-        mar = (MARConfig, ("seq_len", "token_embed_dim"))
-        return {"target": mar, "draft": mar}
-    return {"target": (GPTConfig, ("num_image_tokens", "head_dim")), "drafter": (DrafterConfig, ()),
-            "vq": (VQConfig, ())}
 
 
 def sha256(path: Path) -> str:
@@ -138,24 +122,18 @@ def read_manifest(folder: Path) -> dict:
         raise EngineFolderError(f"{path}: format {manifest.get('format') if isinstance(manifest, dict) else None!r} "
                                 f"is not {FORMAT!r}; re-export with this version of vvs")
     check_manifest(manifest, path)
-    options = MAROptions if is_mar(manifest) else DecodeOptions
     try:
-        options.from_dict(manifest["decoding_defaults"])
+        family_of(manifest).options.from_dict(manifest["decoding_defaults"])
     except OptionsError as err:
         raise EngineFolderError(f"{path}: decoding_defaults: {err}; fix the file or re-export the folder") from None
     return manifest
 
 
-def is_mar(manifest: dict) -> bool:
-    """A folder of a MAR-style continuous-token model (:mod:`vvs.engines.mar`), not a LlamaGen one."""
-    return isinstance(manifest.get("model"), dict) and manifest["model"].get("family") == "mar"
-
-
 def referenced_files(manifest: dict) -> list[str]:
     """Every file the manifest points at: graphs, tables, and the plans of each TensorRT flavour."""
     names = [g["file"] for g in manifest["graphs"].values()]
-    if not is_mar(manifest):
-        names.append(manifest.get("tables", {}).get("file", TABLES))
+    if "tables" in manifest:
+        names.append(manifest["tables"]["file"])
     if "text" in manifest:
         names.append(manifest["text"]["tokenizer"])
     for key in ("tensorrt", "tensorrt-rtx"):
@@ -209,32 +187,3 @@ def check_onnx_matches_spec(path: Path, spec: GraphSpec) -> None:
                 raise EngineFolderError(f"{path}: {kind} {t.name} has shape {dims}, the manifest says {list(t.shape)}")
 
 
-def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device):
-    """The :class:`EngineSet` of a folder's graphs: configs, tables and defaults from the manifest."""
-    import torch
-    from safetensors.torch import load_file
-
-    from vvs.engines.base import EngineSet
-    from vvs.models.gpt import GPTConfig
-
-    from vvs.runtime.options import TreeShape
-    from vvs.text.encoder import folder_text_encoder
-
-    tables = load_file(Path(folder) / manifest["tables"]["file"])
-    act = next(t for t in graphs["target_verify"].spec.inputs if t.name == "past_kv").dtype
-    engines = EngineSet(
-        backend=backend,
-        target=GPTConfig(**manifest["model"]["target"]),
-        drafter_layers=manifest["model"]["drafter"]["num_hidden_layers"],
-        graphs=graphs,
-        codebook=tables["codebook"].to(device),
-        device=device,
-        dtype=torch.float16 if act == "float16" else torch.float32,
-        max_draft_top_k=manifest["max_draft_top_k"],
-        null_condition=tables.get("null_condition"),
-        neighbour_table=tables["neighbours"].to(device),
-        default_options=manifest["decoding_defaults"],
-    )
-    engines.trees[TreeShape(*manifest["graphs"]["draft_tree"]["tree"])] = graphs["draft_tree"]
-    engines.text = folder_text_encoder(folder, manifest, backend, graphs.get("text_encode"), device)
-    return engines

@@ -13,10 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from vvs.engines.base import folder_graphs, EngineSet
-from vvs.engines.manifest import (EngineFolderError, check_onnx_matches_spec, engine_set, graph_spec,
-                                  read_manifest, verify_files)
-from vvs.export.exporter import export_tree
+from vvs.engines.manifest import EngineFolderError, check_onnx_matches_spec, graph_spec, verify_files
 from vvs.export.spec import GraphSpec
 
 NUMPY = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
@@ -80,21 +77,14 @@ def open_session(path: Path, spec: GraphSpec, device: torch.device, threads: int
     return OrtEngine(session, spec, device)
 
 
-def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | None = None) -> EngineSet:
-    folder = Path(folder)
-    device = torch.device(device)
-    manifest = read_manifest(folder)
+def open_graphs(folder: Path, manifest: dict, names, device: torch.device, threads: int | None = None) -> dict:
+    """A session for each named graph of an engine folder, after checking every file of the folder."""
     verify_files(folder, manifest)
     options = session_options(threads)
-
-    def load(path: Path, spec: GraphSpec) -> OrtEngine:
-        return open_session(path, spec, device, options=options)
-
-    engines = {}
-    for name in folder_graphs(manifest):
+    graphs = {}
+    for name in names:
         if name not in manifest["graphs"]:
             raise EngineFolderError(f"{folder / 'manifest.json'}: lists no {name} graph; re-export the folder")
-        engines[name] = load(folder / manifest["graphs"][name]["file"], graph_spec(manifest, name))
-    result = engine_set("onnxruntime", folder, manifest, engines, device)
-    result.tree_loader = lambda tree: load(*export_tree(folder, manifest, tree))
-    return result
+        graphs[name] = open_session(folder / manifest["graphs"][name]["file"], graph_spec(manifest, name), device,
+                                    options=options)
+    return graphs

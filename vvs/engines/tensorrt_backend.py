@@ -17,20 +17,18 @@ from pathlib import Path
 
 import torch
 
-from vvs.engines.base import EngineSet, folder_graphs
 from vvs.engines.buckets import BucketedEngine
 from vvs.engines.tensorrt_build import FLAVOURS, RUNTIME_CACHE, flavour, import_flavour
-from vvs.engines.manifest import EngineFolderError, engine_set, graph_spec, read_manifest, verify_files
+from vvs.engines.manifest import EngineFolderError, graph_spec, verify_files
 from vvs.errors import VVSError
 from vvs.export.spec import GraphSpec
 from vvs.output import atomic_write
 
 
-def ready_flavour(folder: str | Path) -> str | None:
+def ready_flavour(manifest: dict) -> str | None:
     """The first flavour whose module is importable and whose engines the folder holds, or None."""
-    built = read_manifest(Path(folder))
     for fl in FLAVOURS.values():
-        if fl.name in built and importlib.util.find_spec(fl.module) is not None:
+        if fl.name in manifest and importlib.util.find_spec(fl.module) is not None:
             return fl.name
     return None
 
@@ -114,13 +112,12 @@ class TrtEngine:
         return outputs
 
 
-def load_tensorrt(folder: str | Path, device: str = "cuda", cuda_graphs: bool = False, backend: str = "tensorrt",
-                  trt=None) -> EngineSet:
+def open_plans(folder: Path, manifest: dict, names, device: torch.device, backend: str = "tensorrt",
+               trt=None) -> tuple[dict, RuntimeCache | None]:
+    """An engine for each named graph of a folder's ``backend`` plans (bucketed by their ``new`` profiles), and
+    TensorRT-RTX's runtime cache, whose ``save`` persists what the GPU specialisation learnt."""
     fl = flavour(backend)
     trt = trt or import_flavour(fl)
-    folder = Path(folder)
-    device = torch.device(device)
-    manifest = read_manifest(folder)
     built = manifest.get(fl.name)
     if not built:
         others = [f"{FLAVOURS[k].label} engines (--backend {k})" for k in FLAVOURS if k in manifest]
@@ -134,7 +131,7 @@ def load_tensorrt(folder: str | Path, device: str = "cuda", cuda_graphs: bool = 
     runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
     cache = RuntimeCache(folder / fl.name / RUNTIME_CACHE) if fl.rtx else None
     graphs = {}
-    for name in folder_graphs(manifest):
+    for name in names:
         entry = built["engines"][name]
         engine = runtime.deserialize_cuda_engine((folder / entry["file"]).read_bytes())
         if engine is None:
@@ -145,14 +142,4 @@ def load_tensorrt(folder: str | Path, device: str = "cuda", cuda_graphs: bool = 
                           cache.runtime_config(engine) if cache else None)
         news = [n for n in inner.news if n is not None]
         graphs[name] = BucketedEngine(inner, news) if news else inner
-    engines = engine_set(fl.name, folder, manifest, graphs, device)
-    if cache:
-        engines.on_close.append(cache.save)
-    if cuda_graphs:
-        from vvs.engines.cuda_graphs import GraphedEngine
-
-        for name in ("target_verify", "draft_tree"):
-            bucketed = engines.graphs[name]
-            bucketed.inner = GraphedEngine(bucketed.inner)
-        engines.backend += "+cuda-graphs"
-    return engines
+    return graphs, cache

@@ -26,12 +26,9 @@ from pathlib import Path
 
 import onnx
 
-from vvs.engines.buckets import PAST_SLACK, buckets
-from vvs.engines.manifest import MANIFEST, file_record, graph_spec, is_mar, read_manifest, verify_files
+from vvs.engines.manifest import MANIFEST, file_record, read_manifest, verify_files
 from vvs.errors import VVSError
-from vvs.models.mar import MARConfig
-from vvs.runtime.cache import KVCache
-from vvs.runtime.options import DecodeOptions
+from vvs.families.registry import family_of
 
 TIMING_CACHE = "timing.cache"
 RUNTIME_CACHE = "runtime.cache"
@@ -98,32 +95,13 @@ def check_build_request(backend: str, compute_capabilities) -> tuple[Flavour, ob
     return fl, import_flavour(fl)
 
 
+
+
+
+
 def shape_ranges(manifest: dict, name: str, max_images: int) -> list[dict[str, tuple[tuple, tuple, tuple]]]:
-    """Per optimisation profile: input name -> (min, opt, max) shapes. One profile per ``new`` bucket."""
-    spec = graph_spec(manifest, name)
-    if is_mar(manifest):
-        return [profile_of(spec, mar_ranges(manifest, max_images))]
-    target = manifest["model"]["target"]
-    opts = DecodeOptions.from_dict(manifest["decoding_defaults"])
-    c, n = target["cls_token_num"], target["grid_size"] ** 2
-    base = KVCache.slots(c + n + 2 * opts.max_path_tokens)  # the runtime's cache buffers
-    past = (c + n, base, c + n + PAST_SLACK) if name in ("target_verify", "draft_tree") else (0, 0, 0)
-    news = buckets(name, c, opts) or [0]
-    profiles = []
-    for new in news:
-        ranges = {"batch": (1, 2 * max_images, 2 * max_images), "images": (1, max_images, max_images),
-                  "new": (new, new, new), "past": past,
-                  "past_plus_new": tuple(p + new for p in past)}
-        profiles.append(profile_of(spec, ranges))
-    return profiles
-
-
-def mar_ranges(manifest: dict, max_images: int) -> dict[str, tuple[int, int, int]]:
-    """MAR graphs: one profile. A head call takes the tokens of one step or one verification window: at most every
-    token of every image, typically an eighth of them."""
-    seq_len = MARConfig(**manifest["model"]["target"]).seq_len
-    return {"batch": (1, 2 * max_images, 2 * max_images), "images": (1, max_images, max_images),
-            "tokens": (1, max(1, max_images * seq_len // 8), max_images * seq_len)}
+    """Per optimisation profile of graph ``name``: input name -> (min, opt, max) shapes, as its family sizes them."""
+    return family_of(manifest).call("tensorrt_profiles", manifest, name, max_images)
 
 
 def profile_of(spec, ranges: dict[str, tuple[int, int, int]]) -> dict[str, tuple[tuple, tuple, tuple]]:

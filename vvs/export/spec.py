@@ -128,7 +128,7 @@ def graph_specs(target, drafter, vq, tree, act: str = "float32") -> dict[str, Gr
 
 
 def draft_tree_spec(target, drafter, tree, act: str = "float32") -> GraphSpec:
-    """The drafter's new stable slots in, one draft tree per image out (:class:`vvs.export.graphs.DraftTreeGraph`):
+    """The drafter's new stable slots in, one draft tree per image out (:class:`vvs.families.llamagen.graphs.DraftTreeGraph`):
     ``tokens`` are the ``tree_size - 1`` drafted nodes; ``parent``, ``depth`` and ``ancestors`` describe the tree
     with its root as node 0. ``past_len``: committed drafter slots per image; ``new_count``: valid new slots."""
     t, size = target, tree.tree_size

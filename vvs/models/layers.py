@@ -118,3 +118,21 @@ def cast_floating(module: nn.Module, dtype: torch.dtype) -> nn.Module:
         owner, _, leaf = name.rpartition(".")
         (module.get_submodule(owner) if owner else module)._buffers[leaf] = buf.float()
     return module
+
+
+def causal_mask(length: int, device=None) -> torch.Tensor:
+    """Bool ``[1, 1, length, length]`` lower-triangular mask (True = may attend)."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
+
+
+def caption_causal_mask(caption_mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Bool ``[B, 1, length, length]`` causal mask over ``[caption slots ‖ image tokens]`` for a left-padded
+    caption (``caption_mask [B, C]``, True = valid), as LlamaGen's own ``generate`` builds it: no position sees a
+    padded slot, except that every position sees itself. (A padded slot's row becomes a drafter feature, so this
+    matters; LlamaGen's HF port lets a padded slot see the padded slots before it, and differs there.)"""
+    b, c = caption_mask.shape
+    valid = torch.cat([caption_mask, caption_mask.new_ones(b, length - c)], dim=1)
+    causal = torch.ones(length, length, dtype=torch.bool, device=caption_mask.device).tril()
+    eye = torch.eye(length, dtype=torch.bool, device=caption_mask.device)
+    return ((causal & valid[:, None, :]) | eye).unsqueeze(1)
+

@@ -1,4 +1,4 @@
-"""Safe checkpoint loading and saving.
+"""Safe checkpoint loading and saving, shared by every family's loaders (and the VQ tokenizer's).
 
 Only two readers exist: safetensors, and ``torch.load(weights_only=True)`` for the official ``.pt``/``.bin``
 files (their training ``args`` are an ``argparse.Namespace``, the one non-tensor class we allow). Every problem
@@ -26,10 +26,6 @@ from torch import nn
 
 from vvs.errors import VVSError
 from vvs.files import follow_umask
-from vvs.models.drafter import Drafter, DrafterConfig
-from vvs.models.gpt import GPT, GPTConfig
-from vvs.models.kl_vae import AutoencoderKL, KLConfig
-from vvs.models.mar import MAR, MARConfig
 from vvs.models.vq import VQConfig, VQModel
 
 
@@ -122,25 +118,12 @@ def load_state(module: nn.Module, state: dict[str, torch.Tensor], path, hint: st
     module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
 
 
-def _gpt_hint(state: dict[str, torch.Tensor], config: GPTConfig) -> str:
-    emb = state.get("tok_embeddings.weight")
-    if emb is None:
-        return "is this a LlamaGen GPT checkpoint?"
-    layers = len({k.split(".")[1] for k in state if k.startswith("layers.")})
-    kind = "c2i" if "cls_embedding.embedding_table.weight" in state else "t2i"
-    if (kind, emb.shape[1], layers, emb.shape[0]) == (config.model_type, config.dim, config.n_layer, config.vocab_size):
-        return ""  # the sizes agree: another --config would not help
-    return (
-        f"the file holds a {kind} model with dim {emb.shape[1]}, {layers} layers, vocab {emb.shape[0]}; the config "
-        f"expects {config.model_type} dim {config.dim}, {config.n_layer} layers, vocab {config.vocab_size} "
-        "(pick the matching --config)"
-    )
 
 
 # --------------------------------------------------------------------------- model loaders
 
 
-def _config_from_meta(meta: dict[str, str], kind: str, path) -> dict | None:
+def config_from_meta(meta: dict[str, str], kind: str, path) -> dict | None:
     if "vvs_config" not in meta:
         return None
     if meta.get("vvs_kind") != kind:
@@ -148,28 +131,11 @@ def _config_from_meta(meta: dict[str, str], kind: str, path) -> dict | None:
     return json.loads(meta["vvs_config"])
 
 
-def load_gpt(path, config: GPTConfig | None = None, *, ema: bool = False) -> GPT:
-    """A LlamaGen GPT from an official ``.pt`` (config required) or a vvs safetensors file (config inside)."""
-    state, meta = read_checkpoint(path, ema=ema)
-    stored = _config_from_meta(meta, "gpt", path)
-    if stored is not None:
-        stored_cfg = GPTConfig(**stored)
-        if config is not None and config != stored_cfg:
-            raise CheckpointError(path, f"the file's config does not match the requested one ({_diff(stored_cfg, config)})")
-        config = stored_cfg
-    if config is None:
-        raise CheckpointError(path, "an official checkpoint carries no config: pass --config (e.g. GPT-XL)")
-    # LlamaGen keeps its RoPE table as a buffer that some official files carry (its loaders use strict=False,
-    # its serving code drops it); vvs computes the table from the config
-    state.pop("freqs_cis", None)
-    model = GPT(config)
-    load_state(model, state, path, _gpt_hint(state, config))
-    return model.eval()
 
 
 def load_vq(path, config: VQConfig | None = None, *, ema: bool = False) -> VQModel:
     state, meta = read_checkpoint(path, ema=ema)
-    stored = _config_from_meta(meta, "vq", path)
+    stored = config_from_meta(meta, "vq", path)
     if stored is not None:
         config = VQConfig(**stored)
     if config is None:
@@ -184,73 +150,12 @@ def load_vq(path, config: VQConfig | None = None, *, ema: bool = False) -> VQMod
     return model.eval()
 
 
-def load_mar(path, config: MARConfig | None = None, *, ema: bool = False) -> MAR:
-    """A MAR from an official ``checkpoint-last.pth`` (config required, e.g. ``mar_config("mar_base")``) or a vvs
-    safetensors file (config inside)."""
-    state, meta = read_checkpoint(path, ema=ema)
-    stored = _config_from_meta(meta, "mar", path)
-    if stored is not None:
-        config = MARConfig(**stored)
-    if config is None:
-        raise CheckpointError(path, "an official MAR checkpoint carries no config: pass --config (e.g. mar_base)")
-    model = MAR(config)
-    width = state.get("z_proj.weight")
-    hint = ""
-    if width is not None:
-        hint = (f"the file's encoder is {width.shape[0]} wide over {width.shape[1]}-dim tokens, the config expects "
-                f"{config.encoder_embed_dim} over {config.token_embed_dim}")
-    load_state(model, state, path, hint)
-    return model.eval()
 
 
-def load_kl_vae(path, config: KLConfig | None = None) -> AutoencoderKL:
-    """MAR's KL-16 VAE from the official ``kl16.ckpt`` (weights under 'model') or a vvs safetensors file."""
-    state, meta = read_checkpoint(path)
-    stored = _config_from_meta(meta, "kl_vae", path)
-    config = KLConfig(**stored) if stored is not None else (config or KLConfig())
-    model = AutoencoderKL(config)
-    load_state(model, state, path)
-    return model.eval()
 
 
-def load_drafter(path, target: GPTConfig) -> Drafter:
-    """A drafter from a LANTERN/EAGLE folder (config.json + weights) or a vvs safetensors file."""
-    path = Path(path)
-    if path.is_dir():
-        cfg_file = path / "config.json"
-        if not cfg_file.is_file():
-            raise CheckpointError(path, "drafter folder has no config.json")
-        try:
-            hf = json.loads(cfg_file.read_text())
-            config = DrafterConfig.from_hf_json(hf)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
-            raise CheckpointError(cfg_file, f"not a usable drafter config: {err}") from None
-        trained_for = hf.get("input_type")  # LANTERN records which kind of target the drafter was trained on
-        if trained_for is not None and trained_for != target.model_type:
-            raise CheckpointError(cfg_file, f"the drafter was trained for a {trained_for} target (input_type) but the "
-                                            f"target is {target.model_type}; pass the drafter trained for this target")
-        weights = next((path / n for n in ("model.safetensors", "pytorch_model.bin") if (path / n).is_file()), None)
-        if weights is None:
-            raise CheckpointError(path, "drafter folder has neither model.safetensors nor pytorch_model.bin")
-        state, _ = read_checkpoint(weights)
-    else:
-        weights = path
-        state, meta = read_checkpoint(path)
-        stored = _config_from_meta(meta, "drafter", path)
-        if stored is None:
-            raise CheckpointError(path, "not a vvs drafter file; pass a LANTERN-style folder with config.json instead")
-        config = DrafterConfig(**stored)
-    try:
-        model = Drafter(config, target)
-    except ValueError as err:
-        raise CheckpointError(weights, f"drafter does not fit the target: {err}") from None
-    load_state(model, state, weights)
-    return model.eval()
 
 
-def _diff(a, b) -> str:
-    da, db = a.to_dict(), b.to_dict()
-    return ", ".join(f"{k}: file {da[k]} vs requested {db[k]}" for k in da if da[k] != db.get(k))
 
 
 # --------------------------------------------------------------------------- saving

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from vvs.engines.base import EngineSet
-from vvs.models.gpt import caption_causal_mask, causal_mask
+from vvs.models.layers import caption_causal_mask, causal_mask
 from vvs.runtime.accept import Relaxation, accept_draws, greedy_accept, sample_accept
 from vvs.runtime.cache import FeatureCache, KVCache, RowLayout, attention_mask, causal_within, gather_rows
 from vvs.runtime.captured import CapturedCycle
@@ -160,7 +160,7 @@ class Decoding:
 
     def prefill(self) -> dict[str, torch.Tensor]:
         self.clock.section("verify")
-        uncond = self.null_condition() if self.layout.groups == 2 else None
+        uncond = self.engines.conditioning.null(self.engines, self.n) if self.layout.groups == 2 else None
         condition = self.conditions if uncond is None else torch.cat([self.conditions, uncond])
         out = self.engines.graphs["target_prefill"].run(condition=condition, attn_mask=self.prefill_mask(),
                                                         cfg_mix=self.cfg_mix)
@@ -169,11 +169,6 @@ class Decoding:
         self.kv.commit(out["new_kv"], c.expand(self.n, -1), torch.full((self.n,), self.C, device=self.dev))
         self.root.copy_(sample(self.proc.probs(out["logits"]), self.proc.greedy, self.random.uniform(1)[:, 0]))
         return out
-
-    def null_condition(self) -> torch.Tensor:
-        if self.cfg.model_type == "c2i":
-            return torch.full((self.n,), self.cfg.null_class, dtype=torch.long, device=self.dev)
-        return self.engines.null_condition.to(self.dev, self.engines.dtype).expand(self.n, -1, -1)
 
     def verify(self, new_ids: torch.Tensor, positions: torch.Tensor, new_visible: torch.Tensor,
                images: list[int] | torch.Tensor | None = None):

@@ -74,22 +74,6 @@ class Pipeline:
         self.engines.check_options(opts)
         return opts
 
-    def check_conditions(self, conditions, caption_mask) -> tuple[torch.Tensor, torch.Tensor | None]:
-        cfg = self.engines.target
-        prompts = isinstance(conditions, (list, tuple)) and any(isinstance(c, str) for c in conditions)
-        if cfg.model_type == "c2i":
-            if prompts:
-                raise OptionsError("prompts given, but this model is class-conditional; pass class ids")
-            return class_ids(conditions, cfg.num_classes), None
-        if prompts:
-            if self.engines.text is None:
-                raise OptionsError("this engine folder has no text encoder; re-export it with vvs-export --t2i "
-                                   "--text-encoder, or pass caption embeddings with caption_mask")
-            if caption_mask is not None:
-                raise OptionsError("caption_mask goes with caption embeddings, not with prompts")
-            return self.engines.text.encode(conditions)
-        return captions(conditions, caption_mask, cfg.cls_token_num, cfg.caption_dim)
-
     def generate(self, conditions, mode: str | None = None, seed: int | list[int] = 0, *, caption_mask=None,
                  decode_images: bool = True, timeout: float | None = None, **options) -> Generation:
         """Generate one image per condition: class ids ``[n]``; or, for a text-conditional model, prompts (a list
@@ -112,7 +96,7 @@ class Pipeline:
         Bad arguments raise :class:`OptionsError` here; a full queue raises
         :class:`~vvs.runtime.scheduler.Busy`."""
         opts = self.options_for(mode, **options)
-        conditions, caption_mask = self.check_conditions(conditions, caption_mask)
+        conditions, caption_mask = self.engines.conditioning.prepare(self.engines, conditions, caption_mask)
         seeds = image_seeds(seed, len(conditions))
         check_timeout(timeout)
         return Job(self.scheduler.submit(conditions, opts, seeds, caption_mask, timeout), opts)
@@ -143,50 +127,3 @@ def check_timeout(timeout) -> None:
         return
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
         raise OptionsError(f"timeout {timeout!r}: give the seconds a request may take (a number > 0), or None")
-
-
-def class_ids(conditions, num_classes: int) -> torch.Tensor:
-    """``[n]`` int64 class ids from a list, tuple or integer tensor/array; anything else is an error. The range is
-    checked on Python ints, before any tensor: ids beyond int64 would overflow one."""
-    if isinstance(conditions, (torch.Tensor, np.ndarray)):
-        values = torch.as_tensor(conditions)
-        if values.dtype.is_floating_point or values.dtype in (torch.bool, torch.complex64, torch.complex128):
-            raise OptionsError(f"class ids must be integers, got a {values.dtype} tensor")
-        if values.dim() != 1:
-            raise OptionsError(f"class ids must be a 1-D tensor [n], got shape {list(values.shape)}")
-        ids = values.tolist()
-    elif isinstance(conditions, (list, tuple)):
-        wrong = next((c for c in conditions if not isinstance(c, (int, np.integer)) or isinstance(c, bool)), None)
-        if wrong is not None:
-            raise OptionsError(f"class id {wrong!r} is not an integer; pass integer class ids")
-        ids = [int(c) for c in conditions]
-    else:
-        raise OptionsError(f"conditions must be a list or tensor of class ids, got {type(conditions).__name__}")
-    if not ids:
-        raise OptionsError("conditions: no class ids given; pass at least one")
-    bad = next((i for i in ids if not 0 <= i < num_classes), None)
-    if bad is not None:
-        raise OptionsError(f"class id {bad} is out of range: the model has {num_classes} classes "
-                           f"(0-{num_classes - 1})")
-    return torch.tensor(ids, dtype=torch.long)
-
-
-def captions(conditions, caption_mask, slots: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded caption embeddings ``[n, slots, dim]`` and their mask ``[n, slots]`` (True = valid)."""
-    if not isinstance(conditions, (torch.Tensor, np.ndarray)):
-        raise OptionsError(f"captions must be a tensor [n, {slots}, {dim}], got {type(conditions).__name__}")
-    conditions = torch.as_tensor(conditions)
-    if not conditions.dtype.is_floating_point or conditions.dim() != 3 or conditions.shape[1:] != (slots, dim) \
-            or conditions.shape[0] == 0:
-        raise OptionsError(f"captions must be float embeddings [n >= 1, {slots}, {dim}], got {conditions.dtype} "
-                           f"{list(conditions.shape)}")
-    if not torch.isfinite(conditions).all():
-        raise OptionsError("captions contain NaN or infinite values")
-    if caption_mask is None:
-        raise OptionsError(f"text-conditional generation needs caption_mask [n, {slots}] (True for valid slots)")
-    mask = torch.as_tensor(caption_mask)
-    if mask.dtype != torch.bool or mask.shape != conditions.shape[:2]:
-        raise OptionsError(f"caption_mask must be bool {list(conditions.shape[:2])}, got {mask.dtype} {list(mask.shape)}")
-    if not mask.any(1).all():
-        raise OptionsError("caption_mask: every caption needs at least one valid slot")
-    return conditions.float(), mask

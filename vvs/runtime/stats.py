@@ -7,11 +7,11 @@
   per skipped verification, the tokens committed without one.
 - ``trace``: one entry per decoding cycle, ``[kind, image tokens before the cycle, tokens committed]`` with
   kind ``"verify"`` or ``"skip"`` (``"ar"`` steps for AR).
-- MAR models (``vvs.runtime.mar_decode``): one token is one continuous latent; ``target_forwards`` counts the
+- MAR models (``vvs.families.mar.decode``): one token is one continuous latent; ``target_forwards`` counts the
   target's transformer forwards (each with its diffusion head), ``drafter_forwards`` the draft model's;
   ``verified_lengths`` are the drafted tokens each verification checked and ``accept_lengths`` those it kept
   (``acceptance_rate`` = kept / checked); ``residual_fallbacks`` counts rejected tokens whose residual sampler
-  ran out of tries (see ``vvs.runtime.cspd``).
+  ran out of tries (see ``vvs.families.mar.cspd``).
 - ``seconds`` and its ``draft/verify/other`` split: each stretch of a batch's wall time shared equally by the
   images in the batch then (images may join and leave a running batch); verify time is all target time (prefill
   included), draft time all drafter time (tree building included).

@@ -81,7 +81,7 @@ class VVSServer:
         marks = [time.perf_counter()]
         try:
             req = parse_generate(await _body(request, self.max_request_bytes), request.headers.get("content-type"),
-                                 self.pipe.engines.target.model_type == "t2i", self.max_images)
+                                 self.pipe.engines.conditioning.kind == "text", self.max_images)
             marks.append(time.perf_counter())
             job = self.pipe.submit(req.conditions, req.mode, req.seed, caption_mask=req.caption_mask,
                                    timeout=req.timeout, **req.options)

@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 
 from vvs.engines.manifest import sha256
-from vvs.models.bundle import shipped_info
+from vvs.families.llamagen.bundle import shipped_info
 from vvs.models.loading import load_vq, save_model
 from vvs.train.classifier import real_crops
-from vvs.train.mar import tokenizer_metrics
+from vvs.families.mar.train import tokenizer_metrics
 from vvs.train.shipped import HELDOUT_SEED, KIND, ship_model, vq_metrics
 from vvs.train.tokenizer import train_decoder
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vvs.models.drafter import Drafter, DrafterConfig
-from vvs.models.gpt import GPT, caption_causal_mask, causal_mask
+from vvs.families.llamagen.drafter import Drafter, DrafterConfig
+from vvs.families.llamagen.gpt import GPT
+from vvs.models.layers import caption_causal_mask, causal_mask
 from vvs.train.loop import Schedule, train
 
 

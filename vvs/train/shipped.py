@@ -16,8 +16,9 @@ from safetensors.torch import load_file, save_file
 
 from vvs.engines.manifest import sha256
 from vvs.files import follow_umask
-from vvs.models.gpt import GPT
-from vvs.models.loading import load_drafter, load_gpt, load_state, load_vq, read_checkpoint, save_model
+from vvs.families.llamagen.gpt import GPT
+from vvs.families.llamagen.loading import load_drafter, load_gpt
+from vvs.models.loading import load_state, load_vq, read_checkpoint, save_model
 from vvs.models.vq import VQModel
 from vvs.quality import ClassifierConfig, PhotoClassifier
 from vvs.train.classifier import accuracy, real_crops, train_classifier

@@ -22,8 +22,10 @@ from safetensors.torch import load_file, save_file
 
 from vvs.engines.manifest import sha256
 from vvs.files import follow_umask
-from vvs.models.gpt import GPT, caption_causal_mask, gpt_config
-from vvs.models.loading import load_drafter, load_gpt, save_model
+from vvs.families.llamagen.gpt import GPT, gpt_config
+from vvs.models.layers import caption_causal_mask
+from vvs.families.llamagen.loading import load_drafter, load_gpt
+from vvs.models.loading import save_model
 from vvs.train.data import PHOTOS
 from vvs.train.drafter import train_drafter
 from vvs.train.loop import Schedule, train
@@ -88,7 +90,7 @@ def build_text_encoder(folder: Path, seed: int) -> Path:
 def caption_features(text_folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded features ``[captions, SLOTS, width]`` and masks of every caption, through the runtime's own
     prompt path (cleaning, tokenizer, encoder, left padding)."""
-    from vvs.engines.torch_backend import torch_text_encoder
+    from vvs.families.llamagen.engines import torch_text_encoder
 
     return torch_text_encoder(text_folder, SLOTS).encode(caption_list()[0])
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vvs.models.gpt import GPT, gpt_config
+from vvs.families.llamagen.gpt import GPT, gpt_config
 from vvs.models.vq import VQModel
 from vvs.train.data import balanced_labels, load_photos, random_crops
 from vvs.train.loop import Schedule, train

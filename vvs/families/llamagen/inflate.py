@@ -21,7 +21,7 @@ How, for a model of width ``d`` inflated to ``D`` (heads of dimension ``hd`` to 
   projections are zero, so they add exactly nothing to the stream.
 
 The code vocabulary stays the small model's: the LM head's cost at the official vocabulary (16,384 codes) is not
-part of an inflated pair (:mod:`vvs.scale` says so wherever it reports).
+part of an inflated pair (:mod:`vvs.families.llamagen.scale` says so wherever it reports).
 """
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ from dataclasses import replace
 
 import torch
 
-from vvs.models.bundle import ModelBundle
-from vvs.models.drafter import Drafter
-from vvs.models.gpt import GPT, GPTConfig, gpt_config
+from vvs.families.llamagen.bundle import ModelBundle
+from vvs.families.llamagen.drafter import Drafter
+from vvs.families.llamagen.gpt import GPT, GPTConfig, gpt_config
 from vvs.models.layers import ffn_hidden_size
 
 

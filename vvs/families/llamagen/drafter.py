@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from vvs.models.gpt import GPTConfig
+from vvs.families.llamagen.gpt import GPTConfig
 from vvs.models.layers import RMSNorm, apply_rope, attend, pair_swap, rope_2d_table, rope_factors
 
 

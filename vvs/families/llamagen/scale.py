@@ -1,7 +1,7 @@
 """``vvs-bench --scale SIZE``: the decoding modes at an official size's compute cost, with a trained pair's
 acceptance.
 
-The engine folder's target and drafter are inflated to ``SIZE`` (:mod:`vvs.models.inflate`: the same function at
+The engine folder's target and drafter are inflated to ``SIZE`` (:mod:`vvs.families.llamagen.inflate`: the same function at
 the official widths and depth, so the same tokens and the same acceptance) and exported once into a sibling folder,
 ``<engine>-scale/<SIZE>``, reused while the source weights are the same. The benchmark then runs there like on any
 engine folder. What the numbers are, said wherever they are printed: seconds at that size's per-call costs, with
@@ -12,26 +12,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vvs.engines.manifest import MANIFEST, TORCH_WEIGHTS, is_mar, read_manifest
+from vvs.engines.manifest import MANIFEST, TORCH_WEIGHTS, read_manifest
 from vvs.errors import VVSError
-from vvs.models.gpt import GPT_SIZES, GPTConfig
-
-OFFICIAL_SIZES = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XXL", "GPT-XXXL", "GPT-1B", "GPT-3B", "GPT-7B")
+from vvs.families.llamagen.family import SCALE_SIZES as OFFICIAL_SIZES
+from vvs.families.llamagen.gpt import GPT_SIZES, GPTConfig
 
 
 def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
     """The inflated engine folder of ``engine_dir`` at ``size``, exported on first use."""
-    from vvs.export.exporter import export_folder
-    from vvs.models.bundle import ModelBundle
-    from vvs.models.inflate import inflate_bundle
-    from vvs.models.loading import load_drafter, load_gpt, load_vq
+    from vvs.families.llamagen.exporter import export_folder
+    from vvs.families.llamagen.bundle import ModelBundle
+    from vvs.families.llamagen.inflate import inflate_bundle
+    from vvs.families.llamagen.loading import load_drafter, load_gpt
+    from vvs.models.loading import load_vq
 
     if size not in OFFICIAL_SIZES:
         raise VVSError(f"option --scale {size!r}: choose one of {', '.join(OFFICIAL_SIZES)}")
     engine_dir = Path(engine_dir)
     manifest = read_manifest(engine_dir)
-    if is_mar(manifest):
-        raise VVSError("option --scale: inflates LlamaGen engine folders (target and drafter); this is a MAR folder")
     source = {name: manifest["files"][TORCH_WEIGHTS[name]]["sha256"] for name in ("target", "drafter", "vq")}
     out = engine_dir.parent / f"{engine_dir.name}-scale" / size
     if (out / MANIFEST).is_file() and read_manifest(out)["model"].get("inflated", {}).get("source") == source:

@@ -11,9 +11,10 @@ import time
 
 import torch
 
-from vvs.runtime.mar_decode import MARDecoder
-from vvs.runtime.options import MAROptions
-from vvs.runtime.pipeline import Generation, class_ids
+from vvs.families.mar.decode import MARDecoder
+from vvs.families.mar.options import MAROptions
+from vvs.runtime.conditions import class_ids
+from vvs.runtime.pipeline import Generation
 from vvs.runtime.random import image_seeds
 
 

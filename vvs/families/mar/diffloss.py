@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from vvs.models.diffusion import TRAIN_STEPS, Schedule, gaussian_kl, gaussian_nll
+from vvs.families.mar.diffusion import TRAIN_STEPS, Schedule, gaussian_kl, gaussian_nll
 
 
 def modulate(x, shift, scale):

@@ -9,8 +9,8 @@ import copy
 import torch
 from torch import nn
 
-from vvs.models.drafter import Drafter
-from vvs.models.gpt import GPT
+from vvs.families.llamagen.drafter import Drafter
+from vvs.families.llamagen.gpt import GPT
 from vvs.models.vq import VQModel
 from vvs.runtime.cache import causal_within
 from vvs.runtime.options import TreeShape

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from vvs.files import follow_umask
-from vvs.models.latents import VQLatents
-from vvs.models.mar import MAR, mar_config, patchify
+from vvs.families.mar.latents import VQLatents
+from vvs.families.mar.model import MAR, mar_config, patchify
 from vvs.models.vq import VQModel
 from vvs.train.data import balanced_labels, load_photos, random_crops
 from vvs.train.loop import Schedule, train
@@ -108,7 +108,8 @@ def reproduce_mar(out_dir: Path, vq_path: Path, seed: int = 0) -> Path:
     from safetensors.torch import load_file, save_file
 
     from vvs.engines.manifest import sha256
-    from vvs.models.loading import load_mar, load_vq, save_model
+    from vvs.families.mar.loading import load_mar
+    from vvs.models.loading import load_vq, save_model
     from vvs.train.classifier import real_crops
     from vvs.train.tokenizer import IMAGE_SIZE
 

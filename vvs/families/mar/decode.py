@@ -6,7 +6,7 @@ reads the known tokens (a bidirectional forward) and its diffusion head samples 
 
 CSpD: the target runs the first steps; then the draft model runs the steps and, after every ``draft_steps`` of
 them (and after the last), the target runs *one* forward over the context of the previous verification and
-checks every token drafted since, each with the exact acceptance test of :mod:`vvs.runtime.cspd`. Draft and
+checks every token drafted since, each with the exact acceptance test of :mod:`vvs.families.mar.cspd`. Draft and
 target share each token's diffusion noise (trajectory alignment), so both see the same starting point and
 their last-step Gaussians are close. The target thus decides every token, as if it had generated each window of
 drafted tokens in one step of its own: the output follows the target run on that coarser schedule, exactly.
@@ -23,9 +23,9 @@ from typing import NamedTuple
 
 import torch
 
-from vvs.runtime.cspd import (Gaussian, chain_log_density, keep, log_density, official_factor, official_log_ratio,
+from vvs.families.mar.cspd import (Gaussian, chain_log_density, keep, log_density, official_factor, official_log_ratio,
                               residual_sample, success)
-from vvs.runtime.options import MAROptions
+from vvs.families.mar.options import MAROptions
 from vvs.runtime.random import ImageRandom
 from vvs.runtime.stats import ImageStats, Stopwatch
 

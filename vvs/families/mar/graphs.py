@@ -16,8 +16,8 @@ from __future__ import annotations
 from torch import nn
 
 from vvs.export.spec import GraphSpec, TensorSpec
-from vvs.models.diffusion import Schedule
-from vvs.models.mar import MAR, MARConfig, unpatchify
+from vvs.families.mar.diffusion import Schedule
+from vvs.families.mar.model import MAR, MARConfig, unpatchify
 
 
 def mar_graph_specs(target: MARConfig, draft: MARConfig, image_size: int) -> dict[str, GraphSpec]:

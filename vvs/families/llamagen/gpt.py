@@ -13,7 +13,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from vvs.models.layers import RMSNorm, apply_rope, attend, ffn_hidden_size, pair_swap, rope_2d_table, rope_factors
+from vvs.models.layers import (RMSNorm, apply_rope, attend, causal_mask, ffn_hidden_size, pair_swap, rope_2d_table,
+                               rope_factors)
 
 
 @dataclass(frozen=True)
@@ -249,21 +250,8 @@ class GPT(nn.Module):
         return GPTOutput(self.output(hidden).float(), hidden, torch.stack(new_kv))
 
 
-def causal_mask(length: int, device=None) -> torch.Tensor:
-    """Bool ``[1, 1, length, length]`` lower-triangular mask (True = may attend)."""
-    return torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
 
 
-def caption_causal_mask(caption_mask: torch.Tensor, length: int) -> torch.Tensor:
-    """Bool ``[B, 1, length, length]`` causal mask over ``[caption slots ‖ image tokens]`` for a left-padded
-    caption (``caption_mask [B, C]``, True = valid), as LlamaGen's own ``generate`` builds it: no position sees a
-    padded slot, except that every position sees itself. (A padded slot's row becomes a drafter feature, so this
-    matters; LlamaGen's HF port lets a padded slot see the padded slots before it, and differs there.)"""
-    b, c = caption_mask.shape
-    valid = torch.cat([caption_mask, caption_mask.new_ones(b, length - c)], dim=1)
-    causal = torch.ones(length, length, dtype=torch.bool, device=caption_mask.device).tril()
-    eye = torch.eye(length, dtype=torch.bool, device=caption_mask.device)
-    return ((causal & valid[:, None, :]) | eye).unsqueeze(1)
 
 
 @torch.no_grad()

@@ -1,48 +1,40 @@
-"""``vvs-export``: a model bundle -> an engine folder (four ONNX graphs, tables, manifest).
+"""LlamaGen's engine folder: a model bundle -> four ONNX graphs (``target_prefill``, ``target_verify``, ``draft_tree``,
+``vq_decode``), tables and the manifest, written through :func:`vvs.export.folder.folder_transaction`.
 
 The ``draft_tree`` graph is built for the decoding defaults' tree shape; :func:`export_tree` adds other shapes
 to a folder on demand (``vvs-bench --tune`` and ``--sweep`` try several).
-
-The folder is built under a temporary name and renamed into place at the end, so an interrupted export never
-leaves a half-written folder behind (and never destroys a previous one until the new one is complete).
 """
 from __future__ import annotations
 
 import copy
 import json
 import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import onnx
-import onnxruntime
-import onnxscript
 import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-import vvs
-from vvs.engines.manifest import (CALIBRATION, FORMAT, MANIFEST, TABLES, TORCH_WEIGHTS, file_record, graph_spec,
-                                  read_manifest)
+from vvs.engines.manifest import (CALIBRATION, FORMAT, MANIFEST, TABLES, TORCH_WEIGHTS, file_record, graph_spec)
 from vvs.errors import VVSError
-from vvs.export.graphs import build_graphs, draft_tree_graph
-from vvs.files import follow_umask
-from vvs.export.onnx_export import OPSET, export_graph
+from vvs.export.folder import folder_transaction, tool_versions
+from vvs.export.onnx_export import export_graph
 from vvs.export.spec import DTYPES, GraphSpec, draft_tree_spec, graph_specs
-from vvs.models.bundle import ModelBundle
-from vvs.models.drafter import DrafterConfig
-from vvs.models.gpt import GPTConfig
+from vvs.families.llamagen.bundle import ModelBundle
+from vvs.families.llamagen.drafter import DrafterConfig
+from vvs.families.llamagen.gpt import GPTConfig
+from vvs.families.llamagen.graphs import build_graphs, draft_tree_graph
+from vvs.families.llamagen.loading import load_drafter, load_gpt
 from vvs.models.layers import cast_floating
-from vvs.models.loading import load_drafter, load_gpt, save_model
-from vvs.output import process_alive
+from vvs.models.loading import save_model
 from vvs.runtime.neighbours import nearest_codes
 from vvs.runtime.options import DecodeOptions, TreeShape
 
 # the dtype of everything that is not quantized: int8 is W8A8 Q/DQ linears in an otherwise fp16 graph
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.float16}
+TREES = "trees"  # draft_tree graphs of other tree shapes, exported on demand
+TREE_INDEX = "index.json"  # in TREES: the size and sha256 of every file exported there
 
 
 def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", max_draft_top_k: int = 10,
@@ -128,84 +120,6 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
     return manifest
 
 
-def tool_versions() -> dict:
-    return {"vvs": vvs.__version__, "torch": torch.__version__, "onnx": onnx.__version__,
-            "onnxruntime": onnxruntime.__version__, "onnxscript": onnxscript.__version__,
-            "numpy": np.__version__, "opset": OPSET, "exporter": "torch.onnx.export(dynamo=True)"}
-
-
-@contextmanager
-def folder_transaction(out_dir: Path, force: bool):
-    """A temporary folder beside ``out_dir`` to write an engine folder into; swapped into place when the block
-    ends, removed (and ``out_dir`` left as it was) when it raises."""
-    check_out_dir(out_dir, force)
-    remove_stale_work(out_dir.parent, out_dir.name)
-    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.vvs-export-{os.getpid()}-", dir=out_dir.parent))
-    try:
-        yield work
-        follow_umask(work)
-        _replace_dir(work, out_dir)
-    except OSError as err:  # a full disk, a folder that vanished: nothing was replaced
-        shutil.rmtree(work, ignore_errors=True)
-        raise VVSError(f"{out_dir}: export failed while writing ({err.strerror or err}); the folder was left as it "
-                       "was") from None
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-
-
-def check_out_dir(out_dir: Path, force: bool) -> None:
-    """What may be at ``--out``: nothing, an empty folder, or (with ``force``) an engine folder. An export never
-    deletes what it did not create."""
-    parent = out_dir.parent
-    cwd = Path.cwd().resolve()
-    if out_dir == cwd or out_dir in cwd.parents:
-        raise VVSError(f"{out_dir}: is the folder vvs-export runs in (or holds it); choose a new --out, e.g. "
-                       "--out engines")
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise VVSError(f"{out_dir}: cannot write here (is {parent} an existing, writable folder?)")
-    if not out_dir.exists():
-        return
-    if out_dir.is_symlink() or not out_dir.is_dir():
-        raise VVSError(f"{out_dir}: exists and is not a folder; choose another --out")
-    if not any(out_dir.iterdir()):
-        return
-    try:
-        read_manifest(out_dir)
-    except VVSError:
-        raise VVSError(f"{out_dir}: exists and is not an engine folder; choose another --out") from None
-    if not force:
-        raise VVSError(f"{out_dir}: an engine folder is already there; pass --force to replace it")
-
-
-def remove_stale_work(parent: Path, name: str) -> None:
-    """Remove what exports into ``parent/name`` that were killed left behind (their process is gone)."""
-    for path in parent.glob(f".{name}.vvs-export-*"):
-        pid = path.name[len(f".{name}.vvs-export-"):].split("-")[0]
-        if pid.isdigit() and not process_alive(int(pid)) and path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-    old = parent / f".{name}.old"
-    if old.is_dir() and (old / MANIFEST).is_file():
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _replace_dir(new: Path, target: Path) -> None:
-    """Swap ``new`` into place: the old engine folder is renamed aside first and removed only once the new one is
-    in place."""
-    if target.exists():
-        old = target.with_name(f".{target.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(target, old)
-        os.replace(new, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(new, target)
-
-
-TREES = "trees"  # draft_tree graphs of other tree shapes, exported on demand
-TREE_INDEX = "index.json"  # in TREES: the size and sha256 of every file exported there
-
-
 def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, GraphSpec]:
     """The ``draft_tree`` graph of ``tree`` for an engine folder, exported once from the folder's own torch
     weights into its ``trees/`` subfolder (named after those weights' sha256, so a re-exported folder never picks
@@ -271,3 +185,55 @@ def write_defaults(folder: Path, defaults: dict, tuning: dict | None = None) -> 
     tmp = path.with_name(MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+def tensorrt_profiles(manifest: dict, name: str, max_images: int) -> list[dict[str, tuple[tuple, tuple, tuple]]]:
+    """One optimisation profile per ``new`` bucket of the graph (:mod:`vvs.engines.buckets`), sized for the
+    runtime's cache buffers."""
+    from vvs.engines.buckets import PAST_SLACK, buckets
+    from vvs.engines.tensorrt_build import profile_of
+    from vvs.runtime.cache import KVCache
+
+    spec = graph_spec(manifest, name)
+    target = manifest["model"]["target"]
+    opts = DecodeOptions.from_dict(manifest["decoding_defaults"])
+    c, n = target["cls_token_num"], target["grid_size"] ** 2
+    base = KVCache.slots(c + n + 2 * opts.max_path_tokens)  # the runtime's cache buffers
+    past = (c + n, base, c + n + PAST_SLACK) if name in ("target_verify", "draft_tree") else (0, 0, 0)
+    news = buckets(name, c, opts) or [0]
+    profiles = []
+    for new in news:
+        ranges = {"batch": (1, 2 * max_images, 2 * max_images), "images": (1, max_images, max_images),
+                  "new": (new, new, new), "past": past,
+                  "past_plus_new": tuple(p + new for p in past)}
+        profiles.append(profile_of(spec, ranges))
+    return profiles
+
+
+def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
+    """``vvs-export --model llamagen``: the bundle the options name (the shipped model set where they name no
+    file), exported into ``out``."""
+    from vvs.families.llamagen.bundle import load_bundle, shipped_info, shipped_text_encoder
+
+    o = options
+    if o["text_encoder"] and not o["t2i"]:
+        raise VVSError("option --text-encoder: needs --t2i (class-conditional targets take class ids, not text)")
+    bundle = load_bundle(o["checkpoint"], o["config"], o["vq"], o["vq_config"], o["drafter"], t2i=o["t2i"],
+                         ema=o["ema"], grid_size=o["grid_size"])
+    echo(bundle.summary())
+    shipped = shipped_info() if not (o["checkpoint"] or o["drafter"] or o["vq"]) else None
+    extra, defaults, text_encoder = {}, {}, o["text_encoder"]
+    if shipped and o["t2i"]:  # the shipped text-to-image pair, with its own encoder unless another is given
+        extra = {"image_size": shipped["image_size"]}
+        defaults = shipped_info("shipped_t2i.json")["decoding_defaults"]
+        text_encoder = text_encoder or str(shipped_text_encoder())
+    elif shipped:
+        extra = {"classes": [c["name"] for c in shipped["classes"]], "image_size": shipped["image_size"]}
+        defaults = shipped["decoding_defaults"]
+    encoder = None
+    if text_encoder:
+        from vvs.text.export import load_text_encoder
+
+        encoder = load_text_encoder(text_encoder, bundle.target.config.caption_dim)
+    return export_folder(bundle, out, o["precision"], o["max_draft_top_k"], o["lantern_k"], defaults, extra,
+                         force=force, text_encoder=encoder)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vvs.models.kl_vae import AutoencoderKL
+from vvs.families.mar.kl_vae import AutoencoderKL
 from vvs.models.vq import VQModel
 
 

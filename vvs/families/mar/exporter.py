@@ -1,6 +1,6 @@
 """``vvs-export --model mar``: a target MAR, a draft MAR and a continuous tokenizer -> an engine folder.
 
-Same folder contract as the LlamaGen exporter (:mod:`vvs.export.exporter`): built under a temporary name and
+Same folder contract as the LlamaGen exporter (:mod:`vvs.families.llamagen.exporter`): built under a temporary name and
 renamed into place, every file in the manifest with its sha256, the torch weights beside the graphs.
 """
 from __future__ import annotations
@@ -12,15 +12,15 @@ import onnx
 import torch
 from tqdm import tqdm
 
-from vvs.engines.manifest import FORMAT, MANIFEST, file_record
-from vvs.engines.mar import TORCH_WEIGHTS, check_pair
-from vvs.export.exporter import folder_transaction, tool_versions
-from vvs.export.mar_graphs import build_mar_graphs, mar_graph_specs
+from vvs.engines.manifest import FORMAT, MANIFEST, file_record, graph_spec
+from vvs.families.mar.engines import TORCH_WEIGHTS, check_pair
+from vvs.export.folder import folder_transaction, tool_versions
+from vvs.families.mar.graphs import build_mar_graphs, mar_graph_specs
 from vvs.export.onnx_export import export_graph
-from vvs.models.latents import KLLatents
+from vvs.families.mar.latents import KLLatents
 from vvs.models.loading import save_model
-from vvs.models.mar import MAR
-from vvs.runtime.options import MAROptions
+from vvs.families.mar.model import MAR, MARConfig
+from vvs.families.mar.options import MAROptions
 
 
 def tokenizer_record(tokenizer: torch.nn.Module) -> tuple[dict, torch.nn.Module, str]:
@@ -64,3 +64,26 @@ def export_mar_folder(target: MAR, draft: MAR, tokenizer: torch.nn.Module, out_d
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def tensorrt_profiles(manifest: dict, name: str, max_images: int) -> list[dict[str, tuple[tuple, tuple, tuple]]]:
+    """One profile per graph. A head call takes the tokens of one step or one verification window: at most every
+    token of every image, typically an eighth of them."""
+    from vvs.engines.tensorrt_build import profile_of
+
+    seq_len = MARConfig(**manifest["model"]["target"]).seq_len
+    return [profile_of(graph_spec(manifest, name), {
+        "batch": (1, 2 * max_images, 2 * max_images), "images": (1, max_images, max_images),
+        "tokens": (1, max(1, max_images * seq_len // 8), max_images * seq_len)})]
+
+
+def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
+    """``vvs-export --model mar``: the pair the options name (the shipped pair where they name no file)."""
+    from vvs.families.mar.bundle import load_mar_bundle
+
+    o = options
+    bundle = load_mar_bundle(o["checkpoint"], o["config"], o["drafter"], o["draft_config"], o["vae"], ema=o["ema"])
+    echo(bundle.summary())
+    extra = {"classes": bundle.classes} if bundle.classes else {}
+    return export_mar_folder(bundle.target, bundle.draft, bundle.tokenizer, out, bundle.image_size,
+                             bundle.decoding_defaults, extra, force=force)

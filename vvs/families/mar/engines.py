@@ -1,4 +1,4 @@
-"""MAR engine sets: the seven graphs of :mod:`vvs.export.mar_graphs` behind the same :class:`Engine` interface as
+"""MAR engine sets: the seven graphs of :mod:`vvs.families.mar.graphs` behind the same :class:`Engine` interface as
 the LlamaGen graphs, on the torch backend (eager modules) or ONNX Runtime (an engine folder)."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from torch import nn
 
 from vvs.engines.base import Engine
 from vvs.errors import VVSError
-from vvs.export.mar_graphs import build_mar_graphs, mar_graph_specs, sampling_steps
-from vvs.models.mar import MAR, MARConfig
-from vvs.runtime.options import MAROptions
+from vvs.families.mar.graphs import build_mar_graphs, mar_graph_specs, sampling_steps
+from vvs.families.mar.model import MAR, MARConfig
+from vvs.families.mar.options import MAROptions
 
 MAR_GRAPHS = ("target_forward", "target_head", "target_head_steps", "draft_forward", "draft_head", "draft_head_steps",
               "latent_decode")
@@ -66,8 +66,9 @@ def torch_mar_engines(target: MAR, draft: MAR, tokenizer: nn.Module, image_size:
 
 
 def tokenizer_from_manifest(folder: Path, record: dict) -> nn.Module:
-    from vvs.models.latents import KLLatents, VQLatents
-    from vvs.models.loading import load_kl_vae, load_vq
+    from vvs.families.mar.latents import KLLatents, VQLatents
+    from vvs.families.mar.loading import load_kl_vae
+    from vvs.models.loading import load_vq
 
     path = Path(folder) / TORCH_WEIGHTS["tokenizer"]
     if record["kind"] == "vq-latents":
@@ -75,13 +76,16 @@ def tokenizer_from_manifest(folder: Path, record: dict) -> nn.Module:
     return KLLatents(load_kl_vae(path).float())
 
 
-def load_mar_folder(folder: str | Path, backend: str = "onnxruntime", device: str | None = None,
-                    threads: int | None = None) -> MAREngineSet:
-    from vvs.engines.manifest import EngineFolderError, graph_spec, read_manifest, verify_files
-    from vvs.models.loading import load_mar
+def load_mar_folder(folder: str | Path, manifest: dict | None = None, backend: str = "onnxruntime",
+                    device: str | None = None, threads: int | None = None, cuda_graphs: bool = False) -> MAREngineSet:
+    """A MAR engine folder on ONNX Runtime (also for ``auto``) or the torch backend. ``cuda_graphs`` is not
+    used: MAR's step shapes change every step."""
+    from vvs.engines.manifest import read_manifest, verify_files
+    from vvs.engines.onnxruntime_backend import open_graphs
+    from vvs.families.mar.loading import load_mar
 
     folder = Path(folder)
-    manifest = read_manifest(folder)
+    manifest = manifest or read_manifest(folder)
     model = manifest["model"]
     if backend == "torch":
         verify_files(folder, manifest, list(TORCH_WEIGHTS.values()))
@@ -90,17 +94,14 @@ def load_mar_folder(folder: str | Path, backend: str = "onnxruntime", device: st
         return torch_mar_engines(load_mar(folder / TORCH_WEIGHTS["target"]), load_mar(folder / TORCH_WEIGHTS["draft"]),
                                  tokenizer_from_manifest(folder, model["tokenizer"]), model["image_size"],
                                  device or "cpu", manifest["decoding_defaults"])
-    if backend in ("tensorrt", "tensorrt-rtx"):
-        raise VVSError(f"--backend {backend}: MAR folders run on onnxruntime or torch (TensorRT-RTX plans of them are "
-                       "built by vvs-export --backend tensorrt-rtx, but vvs does not run MAR plans yet)")
-    from vvs.engines.onnxruntime_backend import open_session
-
-    verify_files(folder, manifest)
     dev = torch.device(device or "cpu")
-    graphs = {}
-    for name in MAR_GRAPHS:
-        if name not in manifest["graphs"]:
-            raise EngineFolderError(f"{folder / 'manifest.json'}: lists no {name} graph; re-export the folder")
-        graphs[name] = open_session(folder / manifest["graphs"][name]["file"], graph_spec(manifest, name), dev, threads)
-    return MAREngineSet("onnxruntime", MARConfig(**model["target"]), MARConfig(**model["draft"]), graphs, dev,
-                        model["image_size"], manifest["decoding_defaults"])
+    return MAREngineSet("onnxruntime", MARConfig(**model["target"]), MARConfig(**model["draft"]),
+                        open_graphs(folder, manifest, MAR_GRAPHS, dev, threads), dev, model["image_size"],
+                        manifest["decoding_defaults"])
+
+
+def quality_instruments(folder: Path, manifest: dict, classifier):
+    """The photo classifier (MAR's continuous tokens have no NLL column)."""
+    from vvs.quality import Instruments
+
+    return Instruments(classifier)

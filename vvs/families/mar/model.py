@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vvs.models.diffloss import DiffLoss
+from vvs.families.mar.diffloss import DiffLoss
 
 
 @dataclass(frozen=True)

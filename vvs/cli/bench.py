@@ -1,0 +1,112 @@
+"""``vvs-bench``: decoding modes side by side, with quality instruments, sweeps, tuning and scale runs."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from vvs.cli.common import (FamilyCommand, class_option, decoding_headings, engine_options, family_overrides,
+                            make_pipeline, mode_option, num_images_option, prompt_options, resolve_conditions,
+                            resolve_modes, run_command, split_values, with_decoding_options)
+from vvs.errors import VVSError
+from vvs.families.registry import FAMILIES
+from vvs.runtime.options import OptionsError
+
+
+@click.command(cls=FamilyCommand, family_options=decoding_headings(),
+               help="Run decoding modes side by side on the same classes and seeds (interleaved, warm-up "
+                    "excluded): TPF, forwards, skips, seconds per image and speed-up vs ar from the same run, and "
+                    "for the shipped model class accuracy, domain FID and NLL with AR's seed-to-seed spread. "
+                    "The default run decodes 240 images (5 modes x 16 images x 3 seed sets): about 10 minutes on 2 "
+                    "CPU cores with the shipped model; --num-images 4 --num-seeds 1 for a quick look. "
+                    "Writes results.json, table.md, pareto.png and sample grids. --tune picks the tree and skip "
+                    "interval fastest on this machine and stores them as the engine folder's defaults.")
+@engine_options
+@mode_option("each family's own list: " + "; ".join(f"{f.label} {','.join(f.bench_modes)}"
+                                                   for f in FAMILIES.values()))
+@class_option
+@prompt_options
+@num_images_option
+@click.option("--seed", type=click.IntRange(0, 2**62), default=0, show_default=True,
+              help="Base seed: seed set j gives image i the seed S + 1000 j + i.")
+@click.option("--num-seeds", type=click.IntRange(1, 1000), default=3, show_default=True,
+              help="Seed sets per setting (the quality spread is measured across them).")
+@click.option("--batch-size", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Images decoded together (1 = latency).")
+@click.option("--sweep", multiple=True, help="KEY=V1,V2 (skip_interval, sim_threshold, delta, lantern_k, tree_size, "
+                                             "depth, draft_top_k; MAR: num_iter, draft_steps, accept_rule); "
+                                             "repeatable, one key at a time.")
+@with_decoding_options
+@click.option("--threads", type=click.IntRange(1, 1024), default=None, help="CPU threads for the backend.")
+@click.option("--tune", is_flag=True, help="Tune tree and skip interval for this machine and save them as defaults.")
+@click.option("--scale", default=None, metavar="SIZE",
+              help="Measure at an official size's compute cost (GPT-B, GPT-L, GPT-XL, ...): the folder's target and "
+                   "drafter are inflated to SIZE, computing the same tokens, and exported once to "
+                   "<engine>-scale/SIZE; acceptance stays the folder's pair's, the code vocabulary its own.")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-results", show_default=True,
+              help="Folder for results.json, table.md, pareto.png and sample grids.")
+def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, num_images, seed, num_seeds,
+              batch_size, sweep, threads, tune, scale, out, **decoding):
+    from vvs.bench import (OPTION_OF, load_instruments, machine, make_settings, markdown_table, parse_sweep,
+                           run_benchmark, write_results)
+    from vvs.engines import load_engines
+    from vvs.engines.manifest import MANIFEST, read_manifest
+    from vvs.families.registry import family_of
+    from vvs.output import ensure_writable_dir
+
+    manifest = read_manifest(Path(engine_dir))
+    family = family_of(manifest)
+    if scale is not None and (tune or family.scale is None or scale not in family.scale_sizes):
+        raise VVSError(f"option --scale {scale!r}: " + (
+            "tune on the folder itself (--tune), then measure the tuned defaults with --scale" if tune else
+            family.instead["scale"] if family.scale is None else f"choose one of {', '.join(family.scale_sizes)}"))
+    if tune and family.tune is None:
+        raise VVSError(f"option --tune: {family.instead['tune']}")
+    ensure_writable_dir(Path(out))
+    if tune and not os.access(Path(engine_dir) / MANIFEST, os.W_OK):
+        raise VVSError(f"option --tune: {Path(engine_dir) / MANIFEST} is not writable, so the tuned defaults could "
+                       "not be saved; copy the folder somewhere writable")
+    labels = resolve_conditions(engine_dir, manifest, classes, prompts, prompts_file, num_images,
+                                max(16, len(split_values(classes))))
+    num_images = len(labels)
+    instruments = load_instruments(Path(engine_dir), manifest)  # an inflated pair's quality is its source's
+    if scale is not None:
+        ensure_writable_dir(Path(engine_dir).parent)
+        engine_dir = family.call("scale", Path(engine_dir), scale)
+        click.echo(family.call("describe_scale", read_manifest(engine_dir)))
+    if instruments is not None and num_images < 2:
+        raise VVSError("option --num-images: the quality statistics (FID) need at least 2 images per seed set")
+    swept = parse_sweep(sweep)
+    settings = make_settings(resolve_modes(modes, list(family.bench_modes), family.mode_names), swept,
+                             family.mode_names)
+    overrides = family_overrides(decoding, family)
+    engines = load_engines(engine_dir, backend, device, threads)
+    pipe = make_pipeline(engines, manifest, batch_size)
+    pipe.options = pipe.options_for(**overrides)
+    for s in settings:  # every setting before any long work (tuning, the runs), named as the user gave it
+        try:
+            pipe.options_for(**s.overrides)
+        except OptionsError as err:
+            key = next((k for k in swept if OPTION_OF.get(k, k) == err.option), None)
+            if key is None:
+                raise
+            raise VVSError(f"option --sweep {key}={err.value}: {err.why}") from None
+    labels = labels[:num_images]
+    if tune:
+        best, record = family.call("tune", pipe, labels, num_seeds, instruments, log=click.echo)
+        family.call("write_defaults", Path(engine_dir), best.to_dict(), record)
+        click.echo(f"saved as the defaults of {engine_dir}/manifest.json")
+        pipe.options = best
+    results, samples = run_benchmark(pipe, settings, labels, num_seeds, batch_size, instruments, base_seed=seed)
+    described = family.call("describe_scale", read_manifest(Path(engine_dir))) if family.describe_scale else None
+    results.update({"engine": str(engine_dir), "backend": engines.backend, "machine": machine(),
+                    "num_images": num_images, "seed": seed, "num_seeds": num_seeds, "batch_size": batch_size,
+                    "defaults": pipe.options.to_dict(), "scale": described})
+    write_results(results, Path(out), samples)
+    click.echo(markdown_table(results))
+    click.echo(f"wrote {out}/results.json, table.md, pareto.png and sample grids")
+
+
+def main():
+    run_command(bench_cmd, "vvs-bench")

@@ -1,0 +1,91 @@
+"""``vvs-export``: a family's checkpoints (or the shipped model set) -> an engine folder, optionally with
+TensorRT / TensorRT-RTX plans. The options common to every family come first; each family adds its own."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from vvs.cli.common import FamilyCommand, run_command
+from vvs.errors import VVSError
+from vvs.families.registry import DEFAULT, FAMILIES, family
+
+COMMON = [
+    click.Option(["--model"], type=click.Choice(list(FAMILIES)), default=DEFAULT, show_default=True,
+                 help="Model family: " + "; ".join(f"{f.name} ({f.summary})" for f in FAMILIES.values()) + "."),
+    click.Option(["--config"], default=None,
+                 help="Named size of --checkpoint: GPT-B, GPT-L, GPT-XL, ... (llamagen) or mar_base, mar_large, "
+                      "mar_huge (mar). Not needed for vvs files."),
+    click.Option(["--checkpoint"], type=click.Path(dir_okay=False), default=None,
+                 help="Target weights (an official checkpoint or a vvs .safetensors). Default: the shipped model."),
+    click.Option(["--drafter"], type=click.Path(), default=None,
+                 help="Drafter: a LANTERN/EAGLE folder or a vvs .safetensors (llamagen); the draft MAR's weights "
+                      "(mar). Default: the shipped one."),
+    click.Option(["--ema"], is_flag=True, help="Load the EMA weights of official checkpoints ('ema' / 'model_ema')."),
+    click.Option(["--out"], type=click.Path(file_okay=False), default="engines", show_default=True,
+                 help="Engine folder to write; an existing engine folder is replaced only with --force, and only "
+                      "once the new one is complete."),
+    click.Option(["--force"], is_flag=True, help="Replace an existing engine folder at --out."),
+    click.Option(["--backend"], type=click.Choice(["onnxruntime", "tensorrt", "tensorrt-rtx"]), default="onnxruntime",
+                 show_default=True,
+                 help="tensorrt: also build TensorRT 11 engines (data-centre GPUs; build on the GPU that runs them). "
+                      "tensorrt-rtx: also build TensorRT-RTX engines (GeForce / RTX PRO GPUs), ahead of time on any "
+                      "machine, no GPU needed."),
+    click.Option(["--compute-capability", "compute_capability"], default=None,
+                 help="tensorrt-rtx: GPUs to build for, e.g. 8.6,8.9,12.0 (default: every one the builder "
+                      "supports)."),
+    click.Option(["--max-images"], type=click.IntRange(1, 64), default=8, show_default=True,
+                 help="TensorRT: the most images one engine call decodes (the profiles' batch range)."),
+]
+OWNER = {option.name: f for f in FAMILIES.values() for option in f.export_options}  # option -> its family
+
+
+def export(model, out, force, backend, compute_capability, max_images, **options):
+    from vvs.export.folder import check_out_dir
+
+    start = time.time()
+    chosen = family(model)
+    check_out_dir(Path(out).resolve(), force)  # before loading anything
+    if compute_capability and backend != "tensorrt-rtx":
+        raise VVSError("option --compute-capability: needs --backend tensorrt-rtx")
+    defaults = {option.name: option.default for f in FAMILIES.values() for option in f.export_options}
+    for name, value in options.items():  # another family's option, given: an error, not silently ignored
+        owner = OWNER.get(name)
+        if owner is not None and owner is not chosen and value != defaults[name]:
+            flag = next(o.opts[0] for o in owner.export_options if o.name == name)
+            raise VVSError(f"option {flag}: applies to --model {owner.name} only")
+    if backend != "onnxruntime" and backend not in chosen.build_backends:
+        raise VVSError(f"option --backend {backend}: {chosen.instead[backend]}")
+    if backend != "onnxruntime":  # fail before the export, not after it
+        from vvs.engines.tensorrt_build import check_build_request, parse_compute_capabilities
+
+        capabilities = parse_compute_capabilities(compute_capability)
+        check_build_request(backend, capabilities)
+    own = {name: value for name, value in options.items() if OWNER.get(name) in (None, chosen)}
+    manifest = chosen.call("export", own, Path(out), force, click.echo)
+    if backend != "onnxruntime":
+        from vvs.engines.tensorrt_build import build_folder
+
+        def report(name, seconds, size):
+            click.echo(f"built {backend}/{name}.plan: {size / 1e6:.1f} MB in {seconds:.0f} s")
+
+        manifest = build_folder(Path(out), backend, max_images, capabilities, progress=report)
+    total = sum(f["bytes"] for f in manifest["files"].values())
+    click.echo(f"wrote {out}/: {len(manifest['graphs'])} graphs ({manifest['precision']}, opset "
+               f"{manifest['versions']['opset']}), {len(manifest['files'])} files, {total / 1e6:.1f} MB, in "
+               f"{time.time() - start:.0f} s")
+    example = ' --prompt "a photo of a cat"' if "text" in manifest else ""
+    click.echo(f"next: vvs-run --engine {out}{example}")
+
+
+export_cmd = FamilyCommand(
+    "vvs-export", callback=export,
+    params=COMMON + [option for f in FAMILIES.values() for option in f.export_options],
+    family_options={name: f"{f.label} options (--model {f.name})" for name, f in OWNER.items()},
+    help="Export a model family's target, drafter and image decoder to ONNX and write an engine folder (graphs, "
+         "tables, torch weights, manifest.json). With no checkpoint options it exports the model that ships with vvs.")
+
+
+def main():
+    run_command(export_cmd, "vvs-export")

@@ -1,0 +1,1 @@
+"""Model families: one package each (``llamagen``, ``mar``), found through :mod:`vvs.families.registry`."""

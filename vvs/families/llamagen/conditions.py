@@ -1,0 +1,54 @@
+"""LlamaGen's conditions: a class id (c2i; the guidance null is the extra class ``null_class``) or a T5 caption
+(t2i; left-padded embeddings, the null is the target's learnt ``uncond_embedding``, and prompts are encoded by the
+folder's text encoder)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vvs.runtime.conditions import captions, class_ids
+from vvs.runtime.options import OptionsError
+
+
+@dataclass(frozen=True)
+class ClassConditioning:
+    num_classes: int
+    null_class: int
+    kind: str = "class"
+
+    def prepare(self, engines, conditions, caption_mask):
+        if isinstance(conditions, (list, tuple)) and any(isinstance(c, str) for c in conditions):
+            raise OptionsError("prompts given, but this model is class-conditional; pass class ids")
+        return class_ids(conditions, self.num_classes), None
+
+    def null(self, engines, n: int) -> torch.Tensor:
+        return torch.full((n,), self.null_class, dtype=torch.long, device=engines.device)
+
+
+@dataclass(frozen=True)
+class CaptionConditioning:
+    slots: int
+    width: int
+    uncond_embedding: torch.Tensor  # [slots, width]
+    kind: str = "text"
+
+    def prepare(self, engines, conditions, caption_mask):
+        if isinstance(conditions, (list, tuple)) and any(isinstance(c, str) for c in conditions):
+            if engines.text is None:
+                raise OptionsError("this engine folder has no text encoder; re-export it with vvs-export --t2i "
+                                   "--text-encoder, or pass caption embeddings with caption_mask")
+            if caption_mask is not None:
+                raise OptionsError("caption_mask goes with caption embeddings, not with prompts")
+            return engines.text.encode(conditions)
+        return captions(conditions, caption_mask, self.slots, self.width)
+
+    def null(self, engines, n: int) -> torch.Tensor:
+        return self.uncond_embedding.to(engines.device, engines.dtype).expand(n, -1, -1)
+
+
+def conditioning(target, uncond_embedding: torch.Tensor | None):
+    """The conditioning of a GPT config (``uncond_embedding``: a t2i target's, from its weights or the tables)."""
+    if target.model_type == "c2i":
+        return ClassConditioning(target.num_classes, target.null_class)
+    return CaptionConditioning(target.cls_token_num, target.caption_dim, uncond_embedding)

@@ -1,0 +1,197 @@
+"""LlamaGen's engine sets: the torch modules of a bundle, or an engine folder on ONNX Runtime, TensorRT or the torch
+backend, each as the :class:`~vvs.engines.base.EngineSet` the shared speculative loop runs on."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vvs.engines.base import EngineSet, folder_graphs
+from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, verify_files
+from vvs.engines.torch_backend import TorchEngine
+from vvs.errors import VVSError
+from vvs.export.spec import draft_tree_spec, graph_specs
+from vvs.families.llamagen.bundle import ModelBundle
+from vvs.families.llamagen.conditions import conditioning
+from vvs.families.llamagen.gpt import GPTConfig
+from vvs.families.llamagen.graphs import DraftTreeGraph, build_graphs
+from vvs.families.llamagen.loading import load_drafter, load_gpt
+from vvs.models.layers import cast_floating
+from vvs.models.loading import load_vq
+from vvs.runtime.options import DecodeOptions, TreeShape
+
+
+def load_engines(folder: Path, manifest: dict, backend: str, device: str | None, threads: int | None,
+                 cuda_graphs: bool) -> EngineSet:
+    """An engine folder with a backend. ``auto``: TensorRT (then TensorRT-RTX) plans if built and the module is
+    installed, else ONNX Runtime (CUDA when onnxruntime-gpu and a GPU are present, else CPU)."""
+    if backend == "auto":
+        from vvs.engines.tensorrt_backend import ready_flavour
+
+        backend = ready_flavour(manifest) or "onnxruntime"
+    if backend in ("tensorrt", "tensorrt-rtx"):
+        if device is None and not torch.cuda.is_available():
+            raise VVSError(f"--backend {backend}: TensorRT plans run on an NVIDIA GPU and none is available here; "
+                           "use --backend onnxruntime")
+        return load_tensorrt(folder, device or "cuda", cuda_graphs=cuda_graphs, backend=backend)
+    if backend == "torch":
+        return load_torch_folder(folder, device or ("cuda" if torch.cuda.is_available() else "cpu"),
+                                 threads=threads, cuda_graphs=cuda_graphs)
+    import onnxruntime as ort
+
+    default = "cuda" if torch.cuda.is_available() and "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+    return load_onnxruntime(folder, device or default, threads=threads)
+
+
+def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device) -> EngineSet:
+    """The :class:`EngineSet` of a folder's graphs: configs, tables and defaults from the manifest."""
+    from safetensors.torch import load_file
+
+    from vvs.text.encoder import folder_text_encoder
+
+    tables = load_file(Path(folder) / manifest["tables"]["file"])
+    act = next(t for t in graphs["target_verify"].spec.inputs if t.name == "past_kv").dtype
+    target = GPTConfig(**manifest["model"]["target"])
+    engines = EngineSet(
+        backend=backend,
+        target=target,
+        drafter_layers=manifest["model"]["drafter"]["num_hidden_layers"],
+        graphs=graphs,
+        codebook=tables["codebook"].to(device),
+        device=device,
+        dtype=torch.float16 if act == "float16" else torch.float32,
+        max_draft_top_k=manifest["max_draft_top_k"],
+        conditioning=conditioning(target, tables.get("null_condition")),
+        neighbour_table=tables["neighbours"].to(device),
+        default_options=manifest["decoding_defaults"],
+    )
+    engines.trees[TreeShape(*manifest["graphs"]["draft_tree"]["tree"])] = graphs["draft_tree"]
+    engines.text = folder_text_encoder(folder, manifest, backend, graphs.get("text_encode"), device)
+    return engines
+
+
+def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | None = None) -> EngineSet:
+    from vvs.engines.manifest import read_manifest
+    from vvs.engines.onnxruntime_backend import open_graphs, open_session, session_options
+    from vvs.families.llamagen.exporter import export_tree
+
+    folder, device = Path(folder), torch.device(device)
+    manifest = read_manifest(folder)
+    engines = engine_set("onnxruntime", folder, manifest, open_graphs(folder, manifest, folder_graphs(manifest),
+                                                                      device, threads), device)
+    options = session_options(threads)
+    engines.tree_loader = lambda tree: open_session(*export_tree(folder, manifest, tree), device, options=options)
+    return engines
+
+
+def load_tensorrt(folder: str | Path, device: str = "cuda", cuda_graphs: bool = False, backend: str = "tensorrt",
+                  trt=None) -> EngineSet:
+    from vvs.engines.manifest import read_manifest
+    from vvs.engines.tensorrt_backend import open_plans
+    from vvs.engines.tensorrt_build import flavour
+
+    folder, device = Path(folder), torch.device(device)
+    manifest = read_manifest(folder)
+    graphs, cache = open_plans(folder, manifest, folder_graphs(manifest), device, backend, trt)
+    engines = engine_set(flavour(backend).name, folder, manifest, graphs, device)
+    if cache:
+        engines.on_close.append(cache.save)
+    if cuda_graphs:
+        from vvs.engines.cuda_graphs import GraphedEngine
+
+        for name in ("target_verify", "draft_tree"):
+            bucketed = engines.graphs[name]
+            bucketed.inner = GraphedEngine(bucketed.inner)
+        engines.backend += "+cuda-graphs"
+    return engines
+
+
+def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                  max_draft_top_k: int = 10, default_options: dict | None = None) -> EngineSet:
+    device = torch.device(device)
+    tree = DecodeOptions.from_dict(default_options or {}).tree
+    graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, tree)
+    for module in graphs.values():
+        cast_floating(module.to(device), dtype)
+    act = "float16" if dtype == torch.float16 else "float32"
+    specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, tree, act)
+
+    def tree_loader(shape: TreeShape) -> TorchEngine:  # any shape: the module shares the drafter's weights
+        module = DraftTreeGraph(bundle.drafter, graphs["draft_tree"].propose.head, shape,
+                                bundle.target.config.max_positions - 1).eval()
+        return TorchEngine(module, draft_tree_spec(bundle.target.config, bundle.drafter.config, shape, act))
+
+    engines = EngineSet(
+        backend="torch",
+        target=bundle.target.config,
+        drafter_layers=bundle.drafter.config.num_hidden_layers,
+        graphs={name: TorchEngine(graphs[name], specs[name]) for name in specs},
+        codebook=bundle.vq.quantize.codebook().detach().to(device),
+        device=device,
+        dtype=dtype,
+        max_draft_top_k=max_draft_top_k,
+        default_options=dict(default_options or {}),
+        conditioning=conditioning(bundle.target.config, getattr(bundle.target.cls_embedding, "uncond_embedding",
+                                                                 None)),
+        tree_loader=tree_loader,
+    )
+    engines.trees[tree] = engines.graphs["draft_tree"]
+    return engines
+
+
+def torch_text_encoder(text_dir: Path, slots: int, device: str | torch.device = "cpu"):
+    """Prompts -> captions with the ``transformers`` T5 folder ``text_dir`` (config, weights, tokenizer.json) run
+    eagerly: an engine folder's ``text/``, or an encoder folder before any export (training)."""
+    from tokenizers import Tokenizer
+    from transformers import T5EncoderModel
+
+    from vvs.export.spec import text_encode_spec
+    from vvs.text.encoder import TextEncoder
+    from vvs.text.export import EncoderGraph
+
+    device = torch.device(device)
+    encoder = T5EncoderModel.from_pretrained(str(text_dir), dtype=torch.float32).to(device).eval()
+    graph = TorchEngine(EncoderGraph(encoder), text_encode_spec(slots, encoder.config.d_model))
+    return TextEncoder(Tokenizer.from_file(str(Path(text_dir) / "tokenizer.json")), graph, slots, device)
+
+
+def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_graphs: bool = False) -> EngineSet:
+    """The torch backend over an engine folder's stored weights (same defaults and tables as the graphs)."""
+    from safetensors.torch import load_file
+
+    from vvs.engines.manifest import read_manifest
+    from vvs.text.export import TEXT_DIR
+
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    text_files = [name for name in manifest["files"] if name.startswith(f"{TEXT_DIR}/")]
+    verify_files(folder, manifest, list(TORCH_WEIGHTS.values()) + [manifest["tables"]["file"]] + text_files)
+    if threads:
+        torch.set_num_threads(threads)
+    target = load_gpt(folder / TORCH_WEIGHTS["target"])
+    if manifest["precision"] == "int8":  # rebuild the quantized target from the stored calibration
+        from vvs.calib.int8 import quantize_target
+
+        verify_files(folder, manifest, [CALIBRATION])
+        target = quantize_target(target, load_file(folder / CALIBRATION))
+    bundle = ModelBundle(target, load_drafter(folder / TORCH_WEIGHTS["drafter"], target.config),
+                         load_vq(folder / TORCH_WEIGHTS["vq"]))
+    dtype = torch.float16 if manifest["precision"] in ("fp16", "int8") else torch.float32
+    engines = torch_engines(bundle, device, dtype, manifest["max_draft_top_k"], manifest["decoding_defaults"])
+    engines.neighbour_table = load_file(folder / manifest["tables"]["file"])["neighbours"].to(engines.device)
+    if "text" in manifest:
+        engines.text = torch_text_encoder(folder / TEXT_DIR, target.config.cls_token_num, engines.device)
+    if cuda_graphs:
+        from vvs.engines.cuda_graphs import capture_graphs
+
+        capture_graphs(engines)
+    return engines
+
+
+
+def quality_instruments(folder: Path, manifest: dict, classifier):
+    """The quality instruments of a folder of the shipped model: the photo classifier, and the folder's own target
+    for the NLL column."""
+    from vvs.quality import Instruments
+
+    return Instruments(classifier, load_gpt(Path(folder) / TORCH_WEIGHTS["target"]))

@@ -1,0 +1,77 @@
+"""LlamaGen's registry entry: discrete VQ tokens, class- or text-conditional (c2i / t2i), decoded by the shared
+speculative loop (ar, EAGLE-2 sd, LANTERN, VVS)."""
+from __future__ import annotations
+
+import click
+
+from vvs.families.base import DecodingFlag, Family
+from vvs.runtime.options import MODE_NAMES, SKIP_POLICIES, DecodeOptions
+
+SCALE_SIZES = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XXL", "GPT-XXXL", "GPT-1B", "GPT-3B", "GPT-7B")
+M = "vvs.families.llamagen"
+
+FAMILY = Family(
+    name="llamagen",
+    label="LlamaGen",
+    summary="discrete VQ tokens, class- or text-conditional; VVS, EAGLE-2, LANTERN",
+    options=DecodeOptions,
+    mode_names=MODE_NAMES,
+    bench_modes=("ar", "sd", "lantern", "vvs-uniform", "vvs-dynamic"),
+    mode_help="ar and sd sample the target's distribution exactly; lantern and vvs change it by design, vvs "
+              "committing a skipped cycle's drafts unverified; vvs-uniform and vvs-dynamic name its skip schedule",
+    manifest_schema={"required": ["max_draft_top_k", "tables"],
+                     "properties": {"model": {"required": ["drafter", "vq"]}, "graphs": {"required": ["draft_tree"]}}},
+    model_configs={"target": (f"{M}.gpt:GPTConfig", ("num_image_tokens", "head_dim")),
+                   "drafter": (f"{M}.drafter:DrafterConfig", ()), "vq": ("vvs.models.vq:VQConfig", ())},
+    condition_kind=lambda manifest: "text" if manifest["model"]["target"]["model_type"] == "t2i" else "class",
+    num_classes=lambda manifest: manifest["model"]["target"]["num_classes"],
+    export_options=(
+        click.Option(["--t2i"], is_flag=True, help="The checkpoint is text-conditional (120 caption slots)."),
+        click.Option(["--grid-size"], type=click.IntRange(1), default=None,
+                     help="Token grid side of --checkpoint: 16 (256 px, default), 24 (384 px), 32 (512 px)."),
+        click.Option(["--vq"], type=click.Path(dir_okay=False), default=None,
+                     help="VQ tokenizer weights. Default: the shipped tokenizer."),
+        click.Option(["--vq-config"], default=None,
+                     help="Named VQ size of --vq (VQ-16, VQ-8). Not needed for vvs files."),
+        click.Option(["--precision"], type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+                     help="fp16: half-precision graphs, the VQ decoder included (RMSNorm, RoPE and the logits stay "
+                          "fp32). int8: SmoothQuant W8A8 Q/DQ on the target's linear layers, calibrated on the "
+                          "model's own samples, in an otherwise fp16 graph (the drafter is never quantized)."),
+        click.Option(["--max-draft-top-k"], type=click.IntRange(1, 64), default=10, show_default=True,
+                     help="Largest --draft-top-k this folder accepts at run time (draft_tree graphs are built per "
+                          "tree shape)."),
+        click.Option(["--lantern-k"], type=click.IntRange(1), default=None,
+                     help="LANTERN neighbours stored per code (default: the decoding default lantern_k)."),
+        click.Option(["--text-encoder"], type=str, default=None,
+                     help="--t2i: the T5-family encoder the target was trained with (FLAN-T5-XL for LlamaGen's t2i "
+                          "checkpoints), a folder or name transformers loads; exported with its tokenizer as the "
+                          "text_encode graph, so prompts work with no other files."),
+    ),
+    decoding_flags=(
+        DecodingFlag("--temperature", "temperature", float, "Sampling temperature; 0 means greedy."),
+        DecodingFlag("--top-k", "top_k", int, "Keep the k most likely tokens (0: all)."),
+        DecodingFlag("--top-p", "top_p", float, "Nucleus sampling mass in (0, 1]."),
+        DecodingFlag("--cfg", "cfg_scale", float,
+                     "Classifier-free guidance scale; guidance applies only above 1 (as in LlamaGen)."),
+        DecodingFlag("--tree-size", "tree_size", int, "Draft-tree nodes verified per step, root included."),
+        DecodingFlag("--depth", "depth", int, "Tree expansion rounds (paths hold up to depth + 1 drafts)."),
+        DecodingFlag("--draft-top-k", "draft_top_k", int, "Children per expanded node."),
+        DecodingFlag("--skip-policy", "skip_policy", click.Choice(SKIP_POLICIES), "VVS skip schedule."),
+        DecodingFlag("--skip-interval", "skip_interval", int, "uniform: skip one verification every N cycles."),
+        DecodingFlag("--sim-threshold", "sim_threshold", float, "dynamic: latent similarity needed to skip."),
+        DecodingFlag("--lantern-k", "lantern_k", int, "LANTERN: latent neighbours per drafted token."),
+        DecodingFlag("--lantern-delta", "lantern_delta", float, "LANTERN: total-variation budget δ."),
+    ),
+    export=f"{M}.exporter:export_from_options",
+    load_engines=f"{M}.engines:load_engines",
+    pipeline="vvs.runtime.pipeline:Pipeline",
+    instruments=f"{M}.engines:quality_instruments",
+    tensorrt_profiles=f"{M}.exporter:tensorrt_profiles",
+    scale=f"{M}.scale:scale_folder",
+    scale_sizes=SCALE_SIZES,
+    describe_scale=f"{M}.scale:describe",
+    tune="vvs.tune:tune",
+    write_defaults=f"{M}.exporter:write_defaults",
+    serve=True,
+    train_commands=(f"{M}.commands:train_all", f"{M}.commands:train_t2i_cmd", f"{M}.commands:train_drafter_cmd"),
+)

@@ -1,0 +1,76 @@
+"""How a discrete-token family turns what a user asks for into its target's prefix: one of the hooks
+(:class:`Conditioning`) the shared loop calls instead of knowing the family.
+
+The loop asks a family's conditioning for two things: the condition tensor its ``target_prefill`` graph takes
+(:meth:`Conditioning.prepare`, with a mask over left-padded slots where there is one), and the guidance null that
+fills the unconditional rows (:meth:`Conditioning.null`). Where the image's tokens sit follows from the target's
+config: ``cls_token_num`` condition slots, then ``num_image_tokens`` codes at positions ``C + i``; the graphs take
+and return codes of the image vocabulary only (a joint text + image vocabulary maps codes to its ids inside them).
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from vvs.runtime.options import OptionsError
+
+
+class Conditioning(Protocol):
+    kind: str  # "class" or "text": what ``vvs-run`` / the API ask the user for
+
+    def prepare(self, engines, conditions, caption_mask) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Checked conditions ``[n, ...]`` for ``target_prefill`` and their slot mask (None: every slot valid);
+        bad input raises :class:`OptionsError`."""
+
+    def null(self, engines, n: int) -> torch.Tensor:
+        """The guidance null of ``n`` images, in the graphs' dtype on the engines' device."""
+
+
+def class_ids(conditions, num_classes: int) -> torch.Tensor:
+    """``[n]`` int64 class ids from a list, tuple or integer tensor/array; anything else is an error. The range is
+    checked on Python ints, before any tensor: ids beyond int64 would overflow one."""
+    if isinstance(conditions, (torch.Tensor, np.ndarray)):
+        values = torch.as_tensor(conditions)
+        if values.dtype.is_floating_point or values.dtype in (torch.bool, torch.complex64, torch.complex128):
+            raise OptionsError(f"class ids must be integers, got a {values.dtype} tensor")
+        if values.dim() != 1:
+            raise OptionsError(f"class ids must be a 1-D tensor [n], got shape {list(values.shape)}")
+        ids = values.tolist()
+    elif isinstance(conditions, (list, tuple)):
+        wrong = next((c for c in conditions if not isinstance(c, (int, np.integer)) or isinstance(c, bool)), None)
+        if wrong is not None:
+            raise OptionsError(f"class id {wrong!r} is not an integer; pass integer class ids")
+        ids = [int(c) for c in conditions]
+    else:
+        raise OptionsError(f"conditions must be a list or tensor of class ids, got {type(conditions).__name__}")
+    if not ids:
+        raise OptionsError("conditions: no class ids given; pass at least one")
+    bad = next((i for i in ids if not 0 <= i < num_classes), None)
+    if bad is not None:
+        raise OptionsError(f"class id {bad} is out of range: the model has {num_classes} classes "
+                           f"(0-{num_classes - 1})")
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def captions(conditions, caption_mask, slots: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded caption embeddings ``[n, slots, dim]`` and their mask ``[n, slots]`` (True = valid)."""
+    if not isinstance(conditions, (torch.Tensor, np.ndarray)):
+        raise OptionsError(f"captions must be a tensor [n, {slots}, {dim}], got {type(conditions).__name__}")
+    conditions = torch.as_tensor(conditions)
+    if not conditions.dtype.is_floating_point or conditions.dim() != 3 or conditions.shape[1:] != (slots, dim) \
+            or conditions.shape[0] == 0:
+        raise OptionsError(f"captions must be float embeddings [n >= 1, {slots}, {dim}], got {conditions.dtype} "
+                           f"{list(conditions.shape)}")
+    if not torch.isfinite(conditions).all():
+        raise OptionsError("captions contain NaN or infinite values")
+    if caption_mask is None:
+        raise OptionsError(f"text-conditional generation needs caption_mask [n, {slots}] (True for valid slots)")
+    mask = torch.as_tensor(caption_mask)
+    if mask.dtype != torch.bool or mask.shape != conditions.shape[:2]:
+        raise OptionsError(f"caption_mask must be bool {list(conditions.shape[:2])}, got {mask.dtype} {list(mask.shape)}")
+    if not mask.any(1).all():
+        raise OptionsError("caption_mask: every caption needs at least one valid slot")
+    return conditions.float(), mask
+
