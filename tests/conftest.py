@@ -10,7 +10,7 @@ from vvs.models.vq import VQModel, vq_config
 from vvs.families.llamagen.bundle import ModelBundle
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
-from vvs.train.drafter import train_drafter
+from vvs.families.llamagen.train_drafter import train_drafter
 
 SMALL = dict(tree_size=12, depth=3, draft_top_k=4, top_k=0, lantern_k=4, skip_warmup_tokens=3)
 

@@ -445,11 +445,11 @@ def test_train_checks_its_output_folder_before_training(tmp_path, capsys, monkey
     """A folder that cannot be written (here: below a file) is one line and exit 2 before any training."""
     import vvs.families.mar.train
     import vvs.train.shipped
-    import vvs.train.t2i
+    import vvs.families.llamagen.train_t2i
 
     monkeypatch.setattr(vvs.train.shipped, "reproduce", lambda *a: pytest.fail("trained before checking --out"))
     monkeypatch.setattr(vvs.families.mar.train, "reproduce_mar", lambda *a: pytest.fail("trained before checking --out"))
-    monkeypatch.setattr(vvs.train.t2i, "reproduce_t2i", lambda *a: pytest.fail("trained before checking --out"))
+    monkeypatch.setattr(vvs.families.llamagen.train_t2i, "reproduce_t2i", lambda *a: pytest.fail("trained before checking --out"))
     blocker = tmp_path / "file"
     blocker.write_text("x")
     code, _, err = run_cli(train_main, [command, "--out", blocker / "runs"], capsys, monkeypatch)

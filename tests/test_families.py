@@ -163,3 +163,13 @@ def test_a_family_command_is_a_click_command():
     commands = family_commands()
     assert commands and all(isinstance(c, click.Command) for c in commands)
     assert {c.name for c in commands} | {"decoder"} == set(train_cmd.commands)
+
+
+def test_another_familys_decoding_flag_is_a_one_line_error(tiny_folder, tmp_path, capsys, monkeypatch):
+    from vvs.cli.run import main
+
+    code, _, err = run_cli(main, ["--engine", tiny_folder, "--num-iter", "8", "--out", tmp_path / "out"], capsys,
+                           monkeypatch)
+    assert code == 2 and err.strip() == ("vvs-run: error: option --num-iter: applies to MAR engine folders only; this "
+                                         "folder holds a LlamaGen model")
+    assert not (tmp_path / "out").exists()

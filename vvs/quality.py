@@ -78,7 +78,7 @@ class Instruments:
 
     @torch.no_grad()
     def evaluate(self, images: torch.Tensor, tokens: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-        from vvs.train.target import sequence_nll
+        from vvs.families.llamagen.train_target import sequence_nll
 
         feats, preds = [], []
         for i in range(0, len(images), 64):

@@ -49,10 +49,10 @@ def export(model, out, force, backend, compute_capability, max_images, **options
     check_out_dir(Path(out).resolve(), force)  # before loading anything
     if compute_capability and backend != "tensorrt-rtx":
         raise VVSError("option --compute-capability: needs --backend tensorrt-rtx")
-    defaults = {option.name: option.default for f in FAMILIES.values() for option in f.export_options}
-    for name, value in options.items():  # another family's option, given: an error, not silently ignored
+    given = click.get_current_context().get_parameter_source
+    for name in options:  # another family's option, given: an error, not silently ignored
         owner = OWNER.get(name)
-        if owner is not None and owner is not chosen and value != defaults[name]:
+        if owner is not None and owner is not chosen and given(name) is click.core.ParameterSource.COMMANDLINE:
             flag = next(o.opts[0] for o in owner.export_options if o.name == name)
             raise VVSError(f"option {flag}: applies to --model {owner.name} only")
     if backend != "onnxruntime" and backend not in chosen.build_backends:

@@ -23,9 +23,9 @@ from vvs.models.vq import VQModel
 from vvs.quality import ClassifierConfig, PhotoClassifier
 from vvs.train.classifier import accuracy, real_crops, train_classifier
 from vvs.train.data import PHOTOS
-from vvs.train.drafter import drafter_batch, drafter_loss, train_drafter
+from vvs.families.llamagen.train_drafter import drafter_batch, drafter_loss, train_drafter
 from vvs.train.loop import plot_curves
-from vvs.train.target import sequence_nll, tokenize_crops, train_target
+from vvs.families.llamagen.train_target import sequence_nll, tokenize_crops, train_target
 from vvs.train.tokenizer import (IMAGE_SIZE, flat_grid_deviation, region_errors, tokenizer_psnr, top_left_excess,
                                  train_tokenizer)
 

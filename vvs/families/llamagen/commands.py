@@ -34,7 +34,7 @@ def train_all(out, seed):
 def train_t2i_cmd(out, seed, vq, start):
     from vvs.families.llamagen.bundle import shipped_path
     from vvs.output import ensure_writable_dir
-    from vvs.train.t2i import reproduce_t2i
+    from vvs.families.llamagen.train_t2i import reproduce_t2i
 
     ensure_writable_dir(Path(out))
     weights = reproduce_t2i(Path(out), Path(vq) if vq else shipped_path("vq"),
@@ -62,7 +62,7 @@ def train_drafter_cmd(checkpoint, config, t2i, data, out, steps, batch, lr, seed
     from vvs.families.llamagen.loading import load_gpt
     from vvs.models.loading import save_model
     from vvs.output import ensure_writable_dir
-    from vvs.train.drafter import train_drafter
+    from vvs.families.llamagen.train_drafter import train_drafter
 
     ensure_writable_dir(Path(out))
     try:

@@ -27,9 +27,9 @@ from vvs.models.layers import caption_causal_mask
 from vvs.families.llamagen.loading import load_drafter, load_gpt
 from vvs.models.loading import save_model
 from vvs.train.data import PHOTOS
-from vvs.train.drafter import train_drafter
+from vvs.families.llamagen.train_drafter import train_drafter
 from vvs.train.loop import Schedule, train
-from vvs.train.target import tokenize_crops
+from vvs.families.llamagen.train_target import tokenize_crops
 from vvs.train.text_encoder import save_text_encoder, t5_encoder, train_tokenizer
 from vvs.train.tokenizer import IMAGE_SIZE
 
