@@ -22,7 +22,7 @@ from vvs.runtime.neighbours import nearest_codes
 from vvs.runtime.options import OptionsError, TreeShape
 
 if TYPE_CHECKING:
-    from vvs.runtime.conditions import Conditioning
+    from vvs.runtime.conditions import Conditioning, TokenLayout
     from vvs.text.encoder import TextEncoder
 
 GRAPHS = ("target_prefill", "target_verify", "draft_tree", "vq_decode")
@@ -53,6 +53,7 @@ class EngineSet:
     dtype: torch.dtype  # activations and caches
     max_draft_top_k: int
     conditioning: Conditioning  # conditions -> the prefill's input, and the guidance null
+    token_layout: TokenLayout | None = None  # tokens the family forces into the image stream; None: none
     neighbour_table: torch.Tensor | None = None  # [vocab, K] nearest codes, precomputed by the exporter
     default_options: dict = field(default_factory=dict)
     buffers: dict = field(default_factory=dict, repr=False)  # (name, shape) -> free cache buffers

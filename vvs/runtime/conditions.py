@@ -4,11 +4,13 @@
 The loop asks a family's conditioning for two things: the condition tensor its ``target_prefill`` graph takes
 (:meth:`Conditioning.prepare`, with a mask over left-padded slots where there is one), and the guidance null that
 fills the unconditional rows (:meth:`Conditioning.null`). Where the image's tokens sit follows from the target's
-config: ``cls_token_num`` condition slots, then ``num_image_tokens`` codes at positions ``C + i``; the graphs take
-and return codes of the image vocabulary only (a joint text + image vocabulary maps codes to its ids inside them).
+config: ``cls_token_num`` condition slots, then ``num_image_tokens`` stream tokens at positions ``C + i``, some of
+which a family may force (:class:`TokenLayout`); the graphs take and return ids of the image vocabulary only (a
+joint text + image vocabulary maps them to its own ids inside its graphs).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -74,3 +76,28 @@ def captions(conditions, caption_mask, slots: int, dim: int) -> tuple[torch.Tens
         raise OptionsError("caption_mask: every caption needs at least one valid slot")
     return conditions.float(), mask
 
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Tokens a family forces into the image stream (a Chameleon-style end-of-line token after every row):
+    ``forced[i]`` is the token at stream index ``i``, or -1 where the model chooses. The loop makes a forced token
+    the only one with any probability, for the target and in the drafted tree, so it is never a free choice, is
+    always accepted, and is left out of the statistics (accepted drafts, tokens per forward). A family without
+    forced tokens has no layout (``EngineSet.layout`` is None), and the loop does none of this."""
+
+    forced: tuple[int, ...]
+
+    def tables(self, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forced [length]`` (-1 past the stream) and ``free_before [length + 1]``: the free tokens before each
+        stream index."""
+        forced = torch.full((length,), -1, dtype=torch.long, device=device)
+        forced[: len(self.forced)] = torch.tensor(self.forced, dtype=torch.long, device=device)
+        free = torch.cat([torch.zeros(1, dtype=torch.long, device=device), (forced < 0).long().cumsum(0)])
+        return forced, free
+
+
+def force_logits(logits: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
+    """``logits [..., V]`` with every row whose ``forced [...]`` names a token made one-hot on it (-inf elsewhere)."""
+    onehot = torch.full_like(logits, float("-inf")).scatter(-1, forced.clamp(min=0)[..., None], 0.0)
+    return torch.where((forced >= 0)[..., None], onehot, logits)

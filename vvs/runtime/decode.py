@@ -35,6 +35,7 @@ from vvs.models.layers import caption_causal_mask, causal_mask
 from vvs.runtime.accept import Relaxation, accept_draws, greedy_accept, sample_accept
 from vvs.runtime.cache import FeatureCache, KVCache, RowLayout, attention_mask, causal_within, gather_rows
 from vvs.runtime.captured import CapturedCycle
+from vvs.runtime.conditions import force_logits
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.random import ImageRandom
 from vvs.runtime.sampling import Processor, cfg_matrix, sample
@@ -116,6 +117,9 @@ class Decoding:
         self.clock = Stopwatch(self.dev)
         self.arange = torch.arange(n, device=self.dev)
         self.subset_kv: torch.Tensor | None = None
+        # the family's forced tokens, by stream index (None: every token is the model's choice)
+        layout = engines.token_layout
+        self.forced, self.free_before = (None, None) if layout is None else layout.tables(self.capacity, self.dev)
 
     def _kv_buffer(self) -> torch.Tensor:
         cfg = self.cfg
@@ -167,7 +171,8 @@ class Decoding:
         self.clock.section("other")
         c = torch.arange(self.C, device=self.dev)
         self.kv.commit(out["new_kv"], c.expand(self.n, -1), torch.full((self.n,), self.C, device=self.dev))
-        self.root.copy_(sample(self.proc.probs(out["logits"]), self.proc.greedy, self.random.uniform(1)[:, 0]))
+        first = self.force(out["logits"], torch.zeros(self.n, dtype=torch.long, device=self.dev))
+        self.root.copy_(sample(self.proc.probs(first), self.proc.greedy, self.random.uniform(1)[:, 0]))
         return out
 
     def verify(self, new_ids: torch.Tensor, positions: torch.Tensor, new_visible: torch.Tensor,
@@ -224,6 +229,19 @@ class Decoding:
         self.tokens.scatter_(1, col, values)
         self.count.add_(count)
 
+    def force(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """``logits [..., V]`` predicting stream indices ``index [...]``, with the family's forced tokens forced."""
+        if self.forced is None:
+            return logits
+        return force_logits(logits, self.forced[index.clamp(max=len(self.forced) - 1)])
+
+    def counted(self, start: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens before, tokens committed) as the statistics count them: forced tokens are no one's choice."""
+        if self.free_before is None:
+            return start, length
+        end = (start + length).clamp(max=len(self.free_before) - 1)
+        return self.free_before[start], self.free_before[end] - self.free_before[start]
+
     def settle_time(self) -> None:
         """Share the wall time since the last settlement equally among the batch's images."""
         times = self.clock.take()
@@ -241,8 +259,9 @@ class Decoding:
         self.settle_time()
         stats = [self.stats[i] for i in images]
         self.counters.fill(index, stats)
+        tokens = self.N if self.free_before is None else int(self.free_before[self.N])
         for s in stats:
-            s.tokens = self.N
+            s.tokens = tokens
         return self.tokens[index, : self.N].clone(), stats
 
 
@@ -272,10 +291,10 @@ class AutoRegression:
         out = d.verify(d.root[:, None], (d.C + d.count)[:, None], torch.ones(d.n, 1, 1, dtype=torch.bool, device=d.dev))
         step = active.long()
         d.kv.commit(out["new_kv"], torch.zeros(d.n, 1, dtype=torch.long, device=d.dev), step)
-        d.counters.record(active, "ar", d.count, step)
+        d.counters.record(active, "ar", *d.counted(d.count, step))
         d.counters.add("target_forwards", active)
+        nxt = sample(d.proc.probs(d.force(out["logits"][:, 0], d.count + 1)), d.proc.greedy, u)
         d.append_tokens(d.root[:, None], step)
-        nxt = sample(d.proc.probs(out["logits"][:, 0]), d.proc.greedy, u)
         d.root.copy_(torch.where(active, nxt, d.root))
         self.plan = self.read()
 
@@ -380,6 +399,10 @@ class Speculation:
         d = self.d
         d.clock.section("draft")
         tree = self.drafter.draft(ids, features, positions, count, d.root, d.C + d.count, self.graph_inputs)
+        if d.forced is not None:  # a drafted node at a forced index is the forced token, whatever the drafter said
+            at = d.forced[(d.count[:, None] + tree.depth).clamp(max=len(d.forced) - 1)]
+            tree = DraftTree(torch.where(at >= 0, at, tree.tokens), tree.parent, tree.depth, tree.ancestors,
+                             tree.max_depth)
         d.counters.add("drafter_forwards", d.active)
         d.clock.section("other")
         return tree
@@ -404,7 +427,7 @@ class Speculation:
         root_pos = d.C + d.count
         out = d.verify(torch.cat([self.chain[:, :a_max], tree.tokens], 1),
                        torch.cat([d.kv.length[:, None] + j, root_pos[:, None] + tree.depth], 1), visible, images)
-        logits = out["logits"][:, a_max:]
+        logits = d.force(out["logits"][:, a_max:], d.count[:, None] + tree.depth + 1)  # node j predicts j's child
         if d.proc.greedy:
             acc = greedy_accept(tree, logits, self.relax)
         else:
@@ -417,7 +440,7 @@ class Speculation:
         d.kv.commit(out["new_kv"], keep, kept)
         self.features.append(out["hidden"], keep, kept)
         path = tree.tokens.gather(1, acc.nodes.clamp(min=0))
-        d.counters.record(verifying, "verify", d.count, length)
+        d.counters.record(verifying, "verify", *d.counted(d.count, length))
         d.counters.add("target_forwards", verifying)
         d.append_tokens(path, length)
         # the drafter consumes the accepted drafts and the new root, fed the features of the accepted nodes
@@ -434,7 +457,7 @@ class Speculation:
         d = self.d
         path, a, root = select_unverified(self.tree, self.width, u)
         a = torch.where(skipping, a, 0)
-        d.counters.record(skipping, "skip", d.count, a)
+        d.counters.record(skipping, "skip", *d.counted(d.count, a))
         d.counters.add("skipped_verifications", skipping)
         d.append_tokens(path, a)
         self.chain.copy_(torch.where(skipping[:, None], path, self.chain))
