@@ -185,5 +185,3 @@ def check_onnx_matches_spec(path: Path, spec: GraphSpec) -> None:
             static = [(a, w) for a, w in enumerate(t.shape) if isinstance(w, int)]
             if len(dims) != len(t.shape) or any(dims[a] != w for a, w in static):
                 raise EngineFolderError(f"{path}: {kind} {t.name} has shape {dims}, the manifest says {list(t.shape)}")
-
-

@@ -95,10 +95,6 @@ def check_build_request(backend: str, compute_capabilities) -> tuple[Flavour, ob
     return fl, import_flavour(fl)
 
 
-
-
-
-
 def shape_ranges(manifest: dict, name: str, max_images: int) -> list[dict[str, tuple[tuple, tuple, tuple]]]:
     """Per optimisation profile of graph ``name``: input name -> (min, opt, max) shapes, as its family sizes them."""
     return family_of(manifest).call("tensorrt_profiles", manifest, name, max_images)

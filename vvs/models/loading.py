@@ -118,8 +118,6 @@ def load_state(module: nn.Module, state: dict[str, torch.Tensor], path, hint: st
     module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
 
 
-
-
 # --------------------------------------------------------------------------- model loaders
 
 
@@ -129,8 +127,6 @@ def config_from_meta(meta: dict[str, str], kind: str, path) -> dict | None:
     if meta.get("vvs_kind") != kind:
         raise CheckpointError(path, f"this is a vvs {meta.get('vvs_kind')!r} file, not a {kind!r} file")
     return json.loads(meta["vvs_config"])
-
-
 
 
 def load_vq(path, config: VQConfig | None = None, *, ema: bool = False) -> VQModel:
@@ -148,14 +144,6 @@ def load_vq(path, config: VQConfig | None = None, *, ema: bool = False) -> VQMod
                 f"[{config.codebook_size}, {config.codebook_embed_dim}]")
     load_state(model, state, path, hint)
     return model.eval()
-
-
-
-
-
-
-
-
 
 
 # --------------------------------------------------------------------------- saving

@@ -77,7 +77,6 @@ def captions(conditions, caption_mask, slots: int, dim: int) -> tuple[torch.Tens
     return conditions.float(), mask
 
 
-
 @dataclass(frozen=True)
 class TokenLayout:
     """Tokens a family forces into the image stream (a Chameleon-style end-of-line token after every row):

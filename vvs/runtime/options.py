@@ -1,4 +1,6 @@
-"""Every decoding knob in one place, with the published defaults (VVS ``run_vvs.sh``, EAGLE-2, LANTERN).
+"""Every knob of the shared speculative loop in one place, with the published defaults (VVS ``run_vvs.sh``,
+EAGLE-2, LANTERN), and what every family's options share (:class:`OptionsBase`, :func:`check_types`,
+:class:`OptionsError`; MAR's knobs are :mod:`vvs.families.mar.options`).
 
 Engine folders store their own defaults (e.g. tuned by ``vvs-bench --tune``); ``DecodeOptions.from_dict``
 validates them the same way as user input.
@@ -197,8 +199,3 @@ class DecodeOptions(OptionsBase):
     def max_path_tokens(self) -> int:
         """Root plus the deepest drafted token."""
         return self.depth + 2
-
-
-
-
-

@@ -115,6 +115,7 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
         cast_floating(module.to(device), dtype)
     act = "float16" if dtype == torch.float16 else "float32"
     specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, tree, act)
+    uncond = getattr(bundle.target.cls_embedding, "uncond_embedding", None)  # t2i targets only
 
     def tree_loader(shape: TreeShape) -> TorchEngine:  # any shape: the module shares the drafter's weights
         module = DraftTreeGraph(bundle.drafter, graphs["draft_tree"].propose.head, shape,
@@ -131,8 +132,7 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
         dtype=dtype,
         max_draft_top_k=max_draft_top_k,
         default_options=dict(default_options or {}),
-        conditioning=conditioning(bundle.target.config, getattr(bundle.target.cls_embedding, "uncond_embedding",
-                                                                 None)),
+        conditioning=conditioning(bundle.target.config, None if uncond is None else uncond.detach().clone()),
         tree_loader=tree_loader,
     )
     engines.trees[tree] = engines.graphs["draft_tree"]
@@ -186,7 +186,6 @@ def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_gra
 
         capture_graphs(engines)
     return engines
-
 
 
 def quality_instruments(folder: Path, manifest: dict, classifier):

@@ -250,10 +250,6 @@ class GPT(nn.Module):
         return GPTOutput(self.output(hidden).float(), hidden, torch.stack(new_kv))
 
 
-
-
-
-
 @torch.no_grad()
 def sample_ar(model: GPT, condition: torch.Tensor, cfg_scale: float = 1.0, temperature: float = 1.0,
               generator: torch.Generator | None = None, progress: str | None = None) -> torch.Tensor:

@@ -6,7 +6,6 @@ from pathlib import Path
 import click
 
 
-
 @click.command("mar", help="Reproduce the shipped MAR pair (target and draft, continuous tokens) on the shipped "
                                "VQ tokenizer's latents. Resumable.")
 @click.option("--out", type=click.Path(file_okay=False), default="runs/mar", show_default=True)
