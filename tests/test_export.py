@@ -14,10 +14,9 @@ import torch
 from conftest import SMALL
 from vvs.engines import load_engines
 from vvs.engines.manifest import EngineFolderError
-from vvs.families.llamagen.graphs import build_graphs
 from vvs.export.onnx_export import export_graph
 from vvs.export.spec import sample_inputs
-from vvs.export.spec import graph_specs
+from vvs.families.llamagen.graphs import build_graphs, graph_specs
 from vvs.files import umask
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline

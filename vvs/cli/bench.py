@@ -60,9 +60,9 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
     if scale is not None and (tune or family.scale is None or scale not in family.scale_sizes):
         raise VVSError(f"option --scale {scale!r}: " + (
             "tune on the folder itself (--tune), then measure the tuned defaults with --scale" if tune else
-            family.instead["scale"] if family.scale is None else f"choose one of {', '.join(family.scale_sizes)}"))
+            family.instead.get("scale", f"{family.label} folders have no scale runs") if family.scale is None else f"choose one of {', '.join(family.scale_sizes)}"))
     if tune and family.tune is None:
-        raise VVSError(f"option --tune: {family.instead['tune']}")
+        raise VVSError(f"option --tune: {family.instead.get('tune', f'{family.label} folders have no tuner')}")
     ensure_writable_dir(Path(out))
     if tune and not os.access(Path(engine_dir) / MANIFEST, os.W_OK):
         raise VVSError(f"option --tune: {Path(engine_dir) / MANIFEST} is not writable, so the tuned defaults could "

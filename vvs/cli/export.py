@@ -49,14 +49,16 @@ def export(model, out, force, backend, compute_capability, max_images, **options
     check_out_dir(Path(out).resolve(), force)  # before loading anything
     if compute_capability and backend != "tensorrt-rtx":
         raise VVSError("option --compute-capability: needs --backend tensorrt-rtx")
-    given = click.get_current_context().get_parameter_source
-    for name in options:  # another family's option, given: an error, not silently ignored
+    ctx = click.get_current_context()
+    for name, value in options.items():  # another family's option, set: an error, not silently ignored
         owner = OWNER.get(name)
-        if owner is not None and owner is not chosen and given(name) is click.core.ParameterSource.COMMANDLINE:
+        param = next((p for p in ctx.command.params if p.name == name), None)
+        if owner is not None and owner is not chosen and value != param.get_default(ctx):
             flag = next(o.opts[0] for o in owner.export_options if o.name == name)
             raise VVSError(f"option {flag}: applies to --model {owner.name} only")
     if backend != "onnxruntime" and backend not in chosen.build_backends:
-        raise VVSError(f"option --backend {backend}: {chosen.instead[backend]}")
+        raise VVSError(f"option --backend {backend}: " + chosen.instead.get(
+            backend, f"{chosen.label} folders build {', '.join(chosen.build_backends) or 'no plans'}"))
     if backend != "onnxruntime":  # fail before the export, not after it
         from vvs.engines.tensorrt_build import check_build_request, parse_compute_capabilities
 

@@ -54,7 +54,8 @@ def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_
     manifest = read_manifest(folder)
     family = family_of(manifest)
     if not family.serve:
-        raise VVSError(f"{engine_dir}: holds a {family.label} model; {family.instead['serve']}")
+        raise VVSError(f"{engine_dir}: holds a {family.label} model; "
+                       + family.instead.get("serve", f"vvs-serve does not serve {family.label} folders yet"))
     verify_files(folder, manifest, hashes=False)  # before Ray starts; each replica checks the sha256 as it loads
     check_port_free(host, port)
     if min_replicas is not None and max_replicas is None:

@@ -1,4 +1,5 @@
-"""The I/O contract of every graph, declared once.
+"""How a graph's I/O contract is declared (:class:`TensorSpec`, :class:`GraphSpec`): each family declares its graphs'
+specs once, beside the graphs (``vvs.families.<name>.graphs``); the text encoder's is here.
 
 The exporter takes input/output names, dtypes and dynamic axes from here; the manifest stores these specs;
 every backend checks the tensors it is given against them; the TensorRT builder derives its optimisation
@@ -84,74 +85,6 @@ class GraphSpec:
     def from_dict(cls, d: dict) -> "GraphSpec":
         return cls(d["name"], tuple(TensorSpec.from_dict(t) for t in d["inputs"]),
                    tuple(TensorSpec.from_dict(t) for t in d["outputs"]))
-
-
-def graph_specs(target, drafter, vq, tree, act: str = "float32") -> dict[str, GraphSpec]:
-    """Specs of the four graphs for a target ``GPTConfig``, ``DrafterConfig``, ``VQConfig`` and the ``TreeShape``
-    of the ``draft_tree`` graph.
-
-    ``act`` is the dtype of activations, features and caches ("float32" or "float16"); logits are float32.
-    """
-    t = target
-    kv = ("batch", t.n_head, "past", t.head_dim)
-    cond = (TensorSpec("condition", "int64", ("batch",)) if t.model_type == "c2i"
-            else TensorSpec("condition", act, ("batch", t.cls_token_num, t.caption_dim)))
-    image = vq.downsample * t.grid_size
-    return {
-        "target_prefill": GraphSpec("target_prefill", (
-            cond,
-            TensorSpec("attn_mask", "bool", ("batch", 1, t.cls_token_num, t.cls_token_num)),
-            TensorSpec("cfg_mix", "float32", ("images", "batch")),
-        ), (
-            TensorSpec("logits", "float32", ("images", t.vocab_size)),
-            TensorSpec("hidden", act, ("batch", t.cls_token_num, t.dim)),
-            TensorSpec("new_kv", act, (t.n_layer, 2, "batch", t.n_head, t.cls_token_num, t.head_dim)),
-        )),
-        "target_verify": GraphSpec("target_verify", (
-            TensorSpec("input_ids", "int64", ("batch", "new")),
-            TensorSpec("position_ids", "int64", ("batch", "new")),
-            TensorSpec("attn_mask", "bool", ("batch", 1, "new", "past_plus_new")),
-            TensorSpec("past_kv", act, (t.n_layer, 2, *kv)),
-            TensorSpec("cfg_mix", "float32", ("images", "batch")),
-        ), (
-            TensorSpec("logits", "float32", ("images", "new", t.vocab_size)),
-            TensorSpec("hidden", act, ("batch", "new", t.dim)),
-            TensorSpec("new_kv", act, (t.n_layer, 2, "batch", t.n_head, "new", t.head_dim)),
-        )),
-        "draft_tree": draft_tree_spec(target, drafter, tree, act),
-        "vq_decode": GraphSpec("vq_decode", (
-            TensorSpec("codes", "int64", ("images", t.num_image_tokens)),
-        ), (
-            TensorSpec("image", "float32", ("images", 3, image, image)),
-        )),
-    }
-
-
-def draft_tree_spec(target, drafter, tree, act: str = "float32") -> GraphSpec:
-    """The drafter's new stable slots in, one draft tree per image out (:class:`vvs.families.llamagen.graphs.DraftTreeGraph`):
-    ``tokens`` are the ``tree_size - 1`` drafted nodes; ``parent``, ``depth`` and ``ancestors`` describe the tree
-    with its root as node 0. ``past_len``: committed drafter slots per image; ``new_count``: valid new slots."""
-    t, size = target, tree.tree_size
-    kv = (drafter.num_hidden_layers, 2, "batch", t.n_head)
-    return GraphSpec("draft_tree", (
-        TensorSpec("features", act, ("batch", "new", t.dim)),
-        TensorSpec("input_ids", "int64", ("batch", "new")),
-        TensorSpec("position_ids", "int64", ("batch", "new")),
-        TensorSpec("past_kv", act, (*kv, "past", t.head_dim)),
-        TensorSpec("past_len", "int64", ("images",)),
-        TensorSpec("new_count", "int64", ("images",)),
-        TensorSpec("root_position", "int64", ("images",)),
-        TensorSpec("cfg_mix", "float32", ("images", "batch")),
-        TensorSpec("temperature", "float32", (1,)),  # the logits processor
-        TensorSpec("top_k", "int64", (1,)),
-        TensorSpec("top_p", "float32", (1,)),
-    ), (
-        TensorSpec("stable_kv", act, (*kv, "new", t.head_dim)),
-        TensorSpec("tokens", "int64", ("images", size - 1)),
-        TensorSpec("parent", "int64", ("images", size)),
-        TensorSpec("depth", "int64", ("images", size)),
-        TensorSpec("ancestors", "bool", ("images", size, size)),
-    ))
 
 
 def text_encode_spec(slots: int, width: int) -> GraphSpec:

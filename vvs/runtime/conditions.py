@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from vvs.errors import VVSError
 from vvs.runtime.options import OptionsError
 
 
@@ -83,13 +84,20 @@ class TokenLayout:
     ``forced[i]`` is the token at stream index ``i``, or -1 where the model chooses. The loop makes a forced token
     the only one with any probability, for the target and in the drafted tree, so it is never a free choice, is
     always accepted, and is left out of the statistics (accepted drafts, tokens per forward). A family without
-    forced tokens has no layout (``EngineSet.layout`` is None), and the loop does none of this."""
+    forced tokens has no layout (``EngineSet.token_layout`` is None), and the loop does none of this."""
 
     forced: tuple[int, ...]
 
-    def tables(self, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    def free_tokens(self, stream: int) -> int:
+        """How many of the first ``stream`` tokens are the model's choice."""
+        return sum(1 for token in self.forced[:stream] if token < 0)
+
+    def tables(self, length: int, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """``forced [length]`` (-1 past the stream) and ``free_before [length + 1]``: the free tokens before each
-        stream index."""
+        stream index. A layout longer than the stream or forcing an id outside the vocabulary is an error."""
+        if len(self.forced) > length or any(token >= vocab for token in self.forced):
+            raise VVSError(f"token layout: {len(self.forced)} stream tokens forcing ids up to {max(self.forced)}, but "
+                           f"the stream holds at most {length} and the vocabulary {vocab} ids; fix the family's layout")
         forced = torch.full((length,), -1, dtype=torch.long, device=device)
         forced[: len(self.forced)] = torch.tensor(self.forced, dtype=torch.long, device=device)
         free = torch.cat([torch.zeros(1, dtype=torch.long, device=device), (forced < 0).long().cumsum(0)])

@@ -119,7 +119,9 @@ class Decoding:
         self.subset_kv: torch.Tensor | None = None
         # the family's forced tokens, by stream index (None: every token is the model's choice)
         layout = engines.token_layout
-        self.forced, self.free_before = (None, None) if layout is None else layout.tables(self.capacity, self.dev)
+        self.forced, self.free_before = (None, None) if layout is None else layout.tables(
+            self.capacity, cfg.vocab_size, self.dev)
+        self.free_tokens = self.N if layout is None else layout.free_tokens(self.N)  # what the statistics credit
 
     def _kv_buffer(self) -> torch.Tensor:
         cfg = self.cfg
@@ -259,9 +261,8 @@ class Decoding:
         self.settle_time()
         stats = [self.stats[i] for i in images]
         self.counters.fill(index, stats)
-        tokens = self.N if self.free_before is None else int(self.free_before[self.N])
         for s in stats:
-            s.tokens = tokens
+            s.tokens = self.free_tokens
         return self.tokens[index, : self.N].clone(), stats
 
 

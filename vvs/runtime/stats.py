@@ -6,7 +6,9 @@
 - ``accept_lengths``: per verification, the tree nodes committed (root + accepted drafts); ``skip_lengths``:
   per skipped verification, the tokens committed without one.
 - ``trace``: one entry per decoding cycle, ``[kind, image tokens before the cycle, tokens committed]`` with
-  kind ``"verify"`` or ``"skip"`` (``"ar"`` steps for AR).
+  kind ``"verify"`` or ``"skip"`` (``"ar"`` steps for AR). Where a family forces tokens
+  (:class:`~vvs.runtime.conditions.TokenLayout`), every count here, ``tokens`` included, counts only the model's
+  own choices.
 - MAR models (``vvs.families.mar.decode``): one token is one continuous latent; ``target_forwards`` counts the
   target's transformer forwards (each with its diffusion head), ``drafter_forwards`` the draft model's;
   ``verified_lengths`` are the drafted tokens each verification checked and ``accept_lengths`` those it kept

@@ -10,11 +10,10 @@ from vvs.engines.base import EngineSet, folder_graphs
 from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, verify_files
 from vvs.engines.torch_backend import TorchEngine
 from vvs.errors import VVSError
-from vvs.export.spec import draft_tree_spec, graph_specs
 from vvs.families.llamagen.bundle import ModelBundle
 from vvs.families.llamagen.conditions import conditioning
 from vvs.families.llamagen.gpt import GPTConfig
-from vvs.families.llamagen.graphs import DraftTreeGraph, build_graphs
+from vvs.families.llamagen.graphs import DraftTreeGraph, build_graphs, draft_tree_spec, graph_specs
 from vvs.families.llamagen.loading import load_drafter, load_gpt
 from vvs.models.layers import cast_floating
 from vvs.models.loading import load_vq

@@ -20,11 +20,11 @@ from vvs.engines.manifest import (CALIBRATION, FORMAT, MANIFEST, TABLES, TORCH_W
 from vvs.errors import VVSError
 from vvs.export.folder import folder_transaction, tool_versions
 from vvs.export.onnx_export import export_graph
-from vvs.export.spec import DTYPES, GraphSpec, draft_tree_spec, graph_specs
+from vvs.export.spec import DTYPES, GraphSpec
 from vvs.families.llamagen.bundle import ModelBundle
 from vvs.families.llamagen.drafter import DrafterConfig
 from vvs.families.llamagen.gpt import GPTConfig
-from vvs.families.llamagen.graphs import build_graphs, draft_tree_graph
+from vvs.families.llamagen.graphs import build_graphs, draft_tree_graph, draft_tree_spec, graph_specs
 from vvs.families.llamagen.loading import load_drafter, load_gpt
 from vvs.models.layers import cast_floating
 from vvs.models.loading import save_model

@@ -9,6 +9,7 @@ import copy
 import torch
 from torch import nn
 
+from vvs.export.spec import GraphSpec, TensorSpec
 from vvs.families.llamagen.drafter import Drafter
 from vvs.families.llamagen.gpt import GPT
 from vvs.models.vq import VQModel
@@ -189,3 +190,73 @@ def build_graphs(target: GPT, drafter: Drafter, vq: VQModel, tree: TreeShape) ->
 def draft_tree_graph(target: GPT, drafter: Drafter, tree: TreeShape) -> DraftTreeGraph:
     """The drafter graph holds its own copy of the target's head, as its exported engine does."""
     return DraftTreeGraph(drafter, copy.deepcopy(target.output), tree, target.config.max_positions - 1).eval()
+
+
+# --------------------------------------------------------------------------- their inputs and outputs
+
+def graph_specs(target, drafter, vq, tree, act: str = "float32") -> dict[str, GraphSpec]:
+    """Specs of the four graphs for a target ``GPTConfig``, ``DrafterConfig``, ``VQConfig`` and the ``TreeShape``
+    of the ``draft_tree`` graph.
+
+    ``act`` is the dtype of activations, features and caches ("float32" or "float16"); logits are float32.
+    """
+    t = target
+    kv = ("batch", t.n_head, "past", t.head_dim)
+    cond = (TensorSpec("condition", "int64", ("batch",)) if t.model_type == "c2i"
+            else TensorSpec("condition", act, ("batch", t.cls_token_num, t.caption_dim)))
+    image = vq.downsample * t.grid_size
+    return {
+        "target_prefill": GraphSpec("target_prefill", (
+            cond,
+            TensorSpec("attn_mask", "bool", ("batch", 1, t.cls_token_num, t.cls_token_num)),
+            TensorSpec("cfg_mix", "float32", ("images", "batch")),
+        ), (
+            TensorSpec("logits", "float32", ("images", t.vocab_size)),
+            TensorSpec("hidden", act, ("batch", t.cls_token_num, t.dim)),
+            TensorSpec("new_kv", act, (t.n_layer, 2, "batch", t.n_head, t.cls_token_num, t.head_dim)),
+        )),
+        "target_verify": GraphSpec("target_verify", (
+            TensorSpec("input_ids", "int64", ("batch", "new")),
+            TensorSpec("position_ids", "int64", ("batch", "new")),
+            TensorSpec("attn_mask", "bool", ("batch", 1, "new", "past_plus_new")),
+            TensorSpec("past_kv", act, (t.n_layer, 2, *kv)),
+            TensorSpec("cfg_mix", "float32", ("images", "batch")),
+        ), (
+            TensorSpec("logits", "float32", ("images", "new", t.vocab_size)),
+            TensorSpec("hidden", act, ("batch", "new", t.dim)),
+            TensorSpec("new_kv", act, (t.n_layer, 2, "batch", t.n_head, "new", t.head_dim)),
+        )),
+        "draft_tree": draft_tree_spec(target, drafter, tree, act),
+        "vq_decode": GraphSpec("vq_decode", (
+            TensorSpec("codes", "int64", ("images", t.num_image_tokens)),
+        ), (
+            TensorSpec("image", "float32", ("images", 3, image, image)),
+        )),
+    }
+
+
+def draft_tree_spec(target, drafter, tree, act: str = "float32") -> GraphSpec:
+    """The drafter's new stable slots in, one draft tree per image out (:class:`vvs.families.llamagen.graphs.DraftTreeGraph`):
+    ``tokens`` are the ``tree_size - 1`` drafted nodes; ``parent``, ``depth`` and ``ancestors`` describe the tree
+    with its root as node 0. ``past_len``: committed drafter slots per image; ``new_count``: valid new slots."""
+    t, size = target, tree.tree_size
+    kv = (drafter.num_hidden_layers, 2, "batch", t.n_head)
+    return GraphSpec("draft_tree", (
+        TensorSpec("features", act, ("batch", "new", t.dim)),
+        TensorSpec("input_ids", "int64", ("batch", "new")),
+        TensorSpec("position_ids", "int64", ("batch", "new")),
+        TensorSpec("past_kv", act, (*kv, "past", t.head_dim)),
+        TensorSpec("past_len", "int64", ("images",)),
+        TensorSpec("new_count", "int64", ("images",)),
+        TensorSpec("root_position", "int64", ("images",)),
+        TensorSpec("cfg_mix", "float32", ("images", "batch")),
+        TensorSpec("temperature", "float32", (1,)),  # the logits processor
+        TensorSpec("top_k", "int64", (1,)),
+        TensorSpec("top_p", "float32", (1,)),
+    ), (
+        TensorSpec("stable_kv", act, (*kv, "new", t.head_dim)),
+        TensorSpec("tokens", "int64", ("images", size - 1)),
+        TensorSpec("parent", "int64", ("images", size)),
+        TensorSpec("depth", "int64", ("images", size)),
+        TensorSpec("ancestors", "bool", ("images", size, size)),
+    ))

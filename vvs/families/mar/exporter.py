@@ -1,7 +1,7 @@
 """``vvs-export --model mar``: a target MAR, a draft MAR and a continuous tokenizer -> an engine folder.
 
-Same folder contract as the LlamaGen exporter (:mod:`vvs.families.llamagen.exporter`): built under a temporary name and
-renamed into place, every file in the manifest with its sha256, the torch weights beside the graphs.
+Every family's folder contract (:mod:`vvs.export.folder`): built under a temporary name and renamed into place,
+every file in the manifest with its sha256, the torch weights beside the graphs.
 """
 from __future__ import annotations
 
