@@ -11,7 +11,8 @@ from vvs.families.llamagen.engines import torch_engines
 from vvs.families.llamagen.graphs import DrafterStep, Proposer
 from vvs.runtime.cache import KVCache, RowLayout
 from vvs.runtime.captured import CapturedCycle
-from vvs.runtime.decode import Decoding, Speculation, start
+from vvs.runtime.decode import Decoding, Speculation
+from vvs.runtime.loops import start
 from vvs.runtime.options import DecodeOptions, TreeShape
 from vvs.runtime.pipeline import Pipeline
 from vvs.runtime.sampling import Processor, cfg_matrix

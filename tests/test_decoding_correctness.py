@@ -6,7 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vvs.runtime.decode import Decoding, Speculation, run
+from vvs.runtime.decode import Decoding, Speculation
+from vvs.runtime.loops import run
 from vvs.runtime.skip import path_similarity, select_unverified
 from vvs.runtime.tree import DraftTree, ancestor_matrix, select_tree
 
@@ -114,7 +115,8 @@ def test_kv_cache_equals_teacher_forced_under_filters(pipe, mode, options):
 # ---------------------------------------------------------------------- batch invariance
 
 MODES = [("ar", {}), ("sd", {}), ("lantern", {}), ("vvs", {"skip_policy": "uniform", "skip_interval": 2}),
-         ("vvs", {"skip_policy": "dynamic", "sim_threshold": 0.3})]
+         ("vvs", {"skip_policy": "dynamic", "sim_threshold": 0.3}), ("sjd", {"window": 5}),
+         ("sjd-pac", {"window": 5}), ("gsd", {"window": 5, "gsd_distance": 4.0, "gsd_prob_gap": 1.0})]
 
 
 @pytest.mark.parametrize("mode,options", MODES)

@@ -67,7 +67,8 @@ def test_a_cycle_synchronises_at_most_once_on_cuda(bundle_factory, mode):
     """CUDA's own count: with torch's sync debug mode each synchronising call warns; a cycle makes one (the plan)."""
     import warnings
 
-    from vvs.runtime.decode import Decoding, start
+    from vvs.runtime.decode import Decoding
+    from vvs.runtime.loops import start
     from vvs.runtime.options import DecodeOptions
 
     engines = torch_engines(copy.deepcopy(bundle_factory()), "cuda")

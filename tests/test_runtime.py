@@ -4,7 +4,8 @@ import pytest
 import torch
 from conftest import SMALL
 
-from vvs.runtime.decode import Decoding, Speculation, run
+from vvs.runtime.decode import Decoding, Speculation
+from vvs.runtime.loops import run
 from vvs.runtime.options import DecodeOptions, OptionsError
 from vvs.runtime.pipeline import Pipeline
 

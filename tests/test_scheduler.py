@@ -7,11 +7,13 @@ from concurrent.futures import CancelledError, ThreadPoolExecutor
 import pytest
 import torch
 
-from vvs.runtime.decode import AutoRegression, Decoding, Speculation, run, start
+from vvs.runtime.decode import AutoRegression, Decoding, Speculation
+from vvs.runtime.loops import run, start
 from vvs.runtime.scheduler import Busy, RequestTimeout
 
 MODES = [("ar", {}), ("sd", {}), ("lantern", {}), ("vvs", {"skip_policy": "uniform", "skip_interval": 2}),
-         ("vvs", {"skip_policy": "dynamic", "sim_threshold": 0.3})]
+         ("vvs", {"skip_policy": "dynamic", "sim_threshold": 0.3}), ("sjd", {"window": 5}),
+         ("sjd-pac", {"window": 5}), ("gsd", {"window": 5, "gsd_distance": 4.0, "gsd_prob_gap": 1.0})]
 
 
 def _alone(pipe, opts, condition, seed, mask=None):
@@ -93,9 +95,10 @@ def _wait_idle(pipe, timeout=30.0):
         time.sleep(0.01)
 
 
-def test_a_cancelled_request_frees_its_slots_and_others_go_on(pipeline_factory):
+@pytest.mark.parametrize("mode", ["vvs", "sjd-pac"])
+def test_a_cancelled_request_frees_its_slots_and_others_go_on(pipeline_factory, mode):
     pipe = pipeline_factory(max_batch=32)
-    opts = dict(mode="vvs", temperature=1.0)
+    opts = dict(mode=mode, temperature=1.0)
     job = pipe.submit(torch.arange(10).repeat(3), seed=0, **opts)
     other = pipe.submit(torch.tensor([5]), seed=3, **opts)
     _wait_running(pipe)

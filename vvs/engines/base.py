@@ -30,8 +30,10 @@ TEXT_GRAPH = "text_encode"  # t2i folders exported with their text encoder (vvs.
 
 
 def folder_graphs(manifest: dict) -> tuple[str, ...]:
-    """The graphs a backend opens for a folder: the four, and the text encoder where the folder has one."""
-    return GRAPHS + ((TEXT_GRAPH,) if TEXT_GRAPH in manifest["graphs"] else ())
+    """The graphs a backend opens for a folder: the four (three without a drafter), and the text encoder where the
+    folder has one."""
+    graphs = GRAPHS if "drafter" in manifest["model"] else tuple(g for g in GRAPHS if g != "draft_tree")
+    return graphs + ((TEXT_GRAPH,) if TEXT_GRAPH in manifest["graphs"] else ())
 
 
 class Engine(Protocol):
@@ -95,9 +97,17 @@ class EngineSet:
                 self.buffers.setdefault(key, []).append(buf)
         owner.clear()
 
+    @property
+    def has_drafter(self) -> bool:
+        """Whether the folder has a drafter (the drafter-free modes and ar run without one)."""
+        return "draft_tree" in self.graphs
+
     def check_options(self, opts) -> None:
         """Options that fit this model and these graphs (:meth:`DecodeOptions.check_model`), and a LANTERN k
         within the neighbour table an exported folder stores."""
+        if opts.uses_drafter and not self.has_drafter:
+            raise OptionsError.bad("mode", opts.mode, "this engine folder has no drafter; it runs ar, sjd, sjd-pac "
+                                                      "and gsd (export it with a drafter for sd, lantern and vvs)")
         opts.check_model(self.target.vocab_size, self.target.num_image_tokens, self.max_draft_top_k)
         stored = None if self.neighbour_table is None or self.backend == "torch" else self.neighbour_table.shape[1]
         if opts.relaxed and stored is not None and opts.lantern_k > stored:

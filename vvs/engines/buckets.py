@@ -3,15 +3,16 @@
 The decoding loop asks for whatever ``new`` length a step needs; :class:`BucketedEngine` pads it to the
 smallest bucket (extra rows see only themselves, real rows never see them) and slices the outputs back, so the
 loop itself never knows about buckets. The buckets follow from the decoding options: AR steps (1), the
-drafter's first call (C condition slots), its stable updates (depth + 2), a tree (tree_size), and a skipped chain
-plus a tree (tree_size + depth + 2).
+drafter's first call (C condition slots), its stable updates (depth + 2), a tree (tree_size), a skipped chain
+plus a tree (tree_size + depth + 2), and the drafter-free modes' windows (their published lengths, and the folder's
+own ``window``).
 """
 from __future__ import annotations
 
 import torch
 
 from vvs.errors import VVSError
-from vvs.runtime.options import DecodeOptions
+from vvs.runtime.options import WINDOW_MODES, DecodeOptions
 
 PAST_SLACK = 16  # KV slots beyond condition + image tokens that profiles admit (2 x (depth + 2) + 1 for depth <= 5)
 
@@ -19,7 +20,7 @@ PAST_SLACK = 16  # KV slots beyond condition + image tokens that profiles admit 
 def buckets(graph: str, cls_token_num: int, opts: DecodeOptions) -> list[int]:
     width = opts.max_path_tokens
     if graph == "target_verify":
-        return sorted({1, opts.tree_size, opts.tree_size + width})
+        return sorted({1, opts.tree_size, opts.tree_size + width, *WINDOW_MODES.values(), opts.window_length} - {0})
     if graph == "draft_tree":
         return sorted({cls_token_num, width})
     return []

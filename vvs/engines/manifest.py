@@ -86,6 +86,8 @@ def check_manifest(manifest, path: Path) -> None:
         raise EngineFolderError(f"{path}: {field}: {error.message}; fix the file or re-export the folder")
     family = family_of(manifest)
     for name, (_, derived) in family.model_configs.items():
+        if name not in manifest["model"]:  # optional parts (a drafter-free folder); the schema names the required
+            continue
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in manifest["model"][name].items()}
         try:
             built = family.config_class(name)(**values)

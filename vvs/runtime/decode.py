@@ -131,7 +131,7 @@ class Decoding:
     @classmethod
     def combine(cls, parts: list[tuple["Decoding", torch.Tensor]]) -> "Decoding":
         """One batch of the chosen images (index tensors) of ``parts``, in order. The parts share engines and
-        options; the caller returns their cache buffers (:func:`_release`) once everything is copied."""
+        options; the caller returns their cache buffers (:func:`release`) once everything is copied."""
         first = parts[0][0]
         d = cls.__new__(cls)
         d._setup(first.engines, first.opts, sum(len(images) for _, images in parts))
@@ -282,7 +282,7 @@ class AutoRegression:
         loop = cls.__new__(cls)
         loop.d = Decoding.combine([(p.d, images) for p, images in parts])
         loop.plan = Plan(tuple(p.plan.states[i] for p, images in parts for i in images.tolist()), 0)
-        _release(parts)
+        release(parts)
         return loop
 
     def step(self) -> None:
@@ -362,7 +362,7 @@ class Speculation:
         s.tree = DraftTree(*(torch.cat([getattr(p.tree, f)[images] for p, images in parts]) for f in TREE_FIELDS),
                            parts[0][0].tree.max_depth)
         s.plan = s.read()  # the chain width depends on who is in the batch
-        _release(parts)
+        release(parts)
         return s
 
     def step(self) -> None:
@@ -515,21 +515,8 @@ def _compact(index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid.gather(1, order), index.gather(1, order), 0)
 
 
-def _release(parts) -> None:
+def release(parts) -> None:
     """Return the cache buffers of batches that were combined into another."""
     for p, _ in parts:
         p.d.engines.release(p.d.leases)
 
-
-Loop = AutoRegression | Speculation
-
-
-def start(d: Decoding) -> Loop:
-    """Prefill a batch (and draft its first trees) and return its decoding loop for ``d.opts.mode``."""
-    return AutoRegression(d) if d.opts.mode == "ar" else Speculation(d)
-
-
-def run(loop: Loop) -> tuple[torch.Tensor, list[ImageStats]]:
-    while not loop.plan.finished:
-        loop.step()
-    return loop.d.finish()

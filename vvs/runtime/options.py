@@ -13,7 +13,11 @@ from typing import NamedTuple
 
 from vvs.errors import VVSError
 
-MODES = ("ar", "sd", "lantern", "vvs")
+MODES = ("ar", "sd", "lantern", "vvs", "sjd", "sjd-pac", "gsd")
+# drafter-free modes: a window of drafts refined by the target alone (vvs.runtime.jacobi), and the window length
+# their papers publish (SJD and GSD: 16 tokens per forward; SJD-PAC: 64)
+WINDOW_MODES = {"sjd": 16, "sjd-pac": 64, "gsd": 16}
+EXACT_MODES = ("ar", "sd", "sjd", "sjd-pac")  # they sample the target's distribution; the others change it
 MAX_CFG_SCALE = 1000.0
 CFG_RANGE = (f"must be in [0, {MAX_CFG_SCALE:g}] (1 or less disables classifier-free guidance; larger scales drive the "
              "mixed logits out of floating-point range)")
@@ -26,6 +30,9 @@ MODE_NAMES = {
     "vvs": {"mode": "vvs"},
     "vvs-uniform": {"mode": "vvs", "skip_policy": "uniform"},
     "vvs-dynamic": {"mode": "vvs", "skip_policy": "dynamic"},
+    "sjd": {"mode": "sjd"},
+    "sjd-pac": {"mode": "sjd-pac"},
+    "gsd": {"mode": "gsd"},
 }
 
 
@@ -114,6 +121,13 @@ class DecodeOptions(OptionsBase):
     sim_threshold: float = 0.70  # dynamic: skip when drafted paths are this similar in codebook latent space
     sim_decay: float = 0.9  # dynamic: weight of depth l is decay**l
     skip_warmup_tokens: int = 5  # never skip before more than this many image tokens exist
+    # drafter-free speculative Jacobi decoding (modes "sjd", "sjd-pac", "gsd")
+    window: int = 0  # tokens per window forward, the committed root included; 0 = the mode's published length
+    pac_tree_width: int = 3  # SJD-PAC proactive drafting: candidates per node of the tree after a rejection
+    pac_tree_depth: int = 3  # SJD-PAC: levels of that tree (0 = no tree: adaptive continuation alone)
+    gsd_group_size: int = 14  # GSD: codes ranked around the draft (-g/2 .. g/2 - 1) that may join its group
+    gsd_prob_gap: float = 0.15  # GSD: a group member's probability is within this of the draft's
+    gsd_distance: float = 0.5  # GSD: squared distance of unit latent vectors below which codes are equivalent
 
     def __post_init__(self):
         def bad(name, why):
@@ -153,6 +167,18 @@ class DecodeOptions(OptionsBase):
             bad("sim_decay", "must be in (0, 1]")
         if self.skip_warmup_tokens < 0:
             bad("skip_warmup_tokens", "must be >= 0")
+        if self.window == 1 or self.window < 0:
+            bad("window", "must be >= 2 (the root plus at least one draft), or 0 for the mode's published length")
+        if self.pac_tree_width < 1:
+            bad("pac_tree_width", "must be >= 1")
+        if self.pac_tree_depth < 0:
+            bad("pac_tree_depth", "must be >= 0 (0 drafts no tree)")
+        if self.gsd_group_size < 1:
+            bad("gsd_group_size", "must be >= 1 (1: the draft alone, as SJD)")
+        if not 0 <= self.gsd_prob_gap <= 1:
+            bad("gsd_prob_gap", "must be a probability difference in [0, 1]")
+        if not 0 <= self.gsd_distance <= 4:
+            bad("gsd_distance", "must be in [0, 4] (squared distance of unit vectors)")
 
     def check_model(self, vocab_size: int, image_tokens: int, max_draft_top_k: int) -> None:
         """Bounds that come from the model and the exported graphs."""
@@ -181,7 +207,17 @@ class DecodeOptions(OptionsBase):
 
     @property
     def uses_drafter(self) -> bool:
-        return self.mode != "ar"
+        return self.mode not in ("ar", *WINDOW_MODES)
+
+    @property
+    def jacobi(self) -> bool:
+        """A drafter-free window mode (:mod:`vvs.runtime.jacobi`)."""
+        return self.mode in WINDOW_MODES
+
+    @property
+    def window_length(self) -> int:
+        """Tokens per window forward: ``window``, or the mode's published length."""
+        return self.window or WINDOW_MODES.get(self.mode, 0)
 
     @property
     def relaxed(self) -> bool:

@@ -25,7 +25,8 @@ import torch
 
 from vvs.engines.base import EngineSet
 from vvs.errors import VVSError
-from vvs.runtime.decode import Decoding, Loop, start
+from vvs.runtime.decode import Decoding
+from vvs.runtime.loops import Loop, start
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.stats import ImageStats
 

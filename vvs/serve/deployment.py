@@ -21,7 +21,7 @@ from starlette.responses import HTMLResponse, JSONResponse
 from vvs.engines import load_engines
 from vvs.engines.manifest import read_manifest
 from vvs.errors import VVSError
-from vvs.runtime.options import OptionsError
+from vvs.runtime.options import EXACT_MODES, MODES, DecodeOptions, OptionsError
 from vvs.runtime.pipeline import Pipeline
 from vvs.runtime.scheduler import Busy, RequestTimeout
 from vvs.serve.api import ApiError, generation_response, parse_generate
@@ -43,6 +43,8 @@ class VVSServer:
                              max_batch=max_batch, max_queue=max_queue)
         self.max_images, self.max_request_bytes = max_images, max_request_bytes
         self.class_names = read_manifest(Path(engine_dir))["model"].get("classes") or []
+        self.modes = [{"name": mode, "exact": mode in EXACT_MODES} for mode in MODES
+                      if self.pipe.engines.has_drafter or not DecodeOptions(mode=mode).uses_drafter]
         self.drain = ReplicaDrain()
         self.requests = metrics.Counter("vvs_requests", "Generate requests by outcome.", tag_keys=("status",))
         self.images = metrics.Counter("vvs_images", "Images generated.")
@@ -119,7 +121,8 @@ class VVSServer:
                              "caption_dim": cfg.caption_dim if text else 0,
                              "prompts": self.pipe.engines.text is not None, "class_names": self.class_names,
                              "image_tokens": cfg.num_image_tokens, "backend": self.pipe.engines.backend,
-                             "max_images": self.max_images, "default_options": self.pipe.options.to_dict()})
+                             "max_images": self.max_images, "default_options": self.pipe.options.to_dict(),
+                             "modes": self.modes})
 
     async def page(self, request: Request) -> HTMLResponse:
         return HTMLResponse(PAGE)

@@ -20,17 +20,19 @@ SHIPPED = {"target": "target.safetensors", "drafter": "drafter.safetensors", "vq
 @dataclass
 class ModelBundle:
     target: GPT
-    drafter: Drafter
+    drafter: Drafter | None  # None: a drafter-free folder (ar and the speculative Jacobi modes)
     vq: VQModel
 
     def summary(self) -> str:
-        t, d, v = self.target.config, self.drafter.config, self.vq.config
+        t, d, v = self.target.config, self.drafter and self.drafter.config, self.vq.config
         count = lambda m: sum(p.numel() for p in m.parameters()) / 1e6  # noqa: E731
+        drafter = ("drafter none: ar, sjd, sjd-pac and gsd only" if d is None else
+                   f"drafter {d.num_hidden_layers} layer(s), dim {d.hidden_size}, {count(self.drafter):.2f}M params "
+                   "(+ the target's output head)")
         return "\n".join([
             f"target  {t.model_type} GPT: {t.n_layer} layers, dim {t.dim}, {t.n_head} heads, vocab {t.vocab_size}, "
             f"{t.cls_token_num} condition slot(s) + {t.grid_size}x{t.grid_size} tokens, {count(self.target):.2f}M params",
-            f"drafter {d.num_hidden_layers} layer(s), dim {d.hidden_size}, {count(self.drafter):.2f}M params "
-            "(+ the target's output head)",
+            drafter,
             f"vq      codebook {v.codebook_size}x{v.codebook_embed_dim}, downsample {v.downsample}, "
             f"{count(self.vq):.2f}M params",
         ])
@@ -68,10 +70,12 @@ def load_bundle(
     t2i: bool = False,
     ema: bool = False,
     grid_size: int | None = None,
+    no_drafter: bool = False,
 ) -> ModelBundle:
     """Load the three models; any argument left out falls back to the shipped model (``t2i``: the shipped
-    text-to-image pair). ``config`` names the size of an official checkpoint; ``grid_size`` its token grid (16 for
-    256 px, 24 for 384 px, 32 for 512 px)."""
+    text-to-image pair), except the drafter of another ``checkpoint``: without ``drafter`` that bundle has none
+    (``no_drafter``: none either way). ``config`` names the size of an official checkpoint; ``grid_size`` its token
+    grid (16 for 256 px, 24 for 384 px, 32 for 512 px)."""
     overrides = {**({"model_type": "t2i"} if t2i else {}), **({"grid_size": grid_size} if grid_size else {})}
     try:
         target_cfg = gpt_config(config, **overrides) if config else None
@@ -80,7 +84,11 @@ def load_bundle(
         raise VVSError(str(err.args[0])) from None
     pair = "t2i_" if t2i else ""
     target = load_gpt(checkpoint or shipped_path(f"{pair}target"), target_cfg, ema=ema)
-    drafter_model = load_drafter(drafter or shipped_path(f"{pair}drafter"), target.config)
+    if no_drafter and drafter:
+        raise VVSError("options --drafter and --no-drafter: give one of them")
+    drafter_model = None
+    if drafter or not (checkpoint or no_drafter):
+        drafter_model = load_drafter(drafter or shipped_path(f"{pair}drafter"), target.config)
     vq_model = load_vq(vq or shipped_path("vq"), vq_cfg, ema=ema)
     if vq_model.config.codebook_size != target.config.vocab_size:
         raise VVSError(

@@ -54,7 +54,7 @@ def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device)
     engines = EngineSet(
         backend=backend,
         target=target,
-        drafter_layers=manifest["model"]["drafter"]["num_hidden_layers"],
+        drafter_layers=manifest["model"].get("drafter", {}).get("num_hidden_layers", 0),
         graphs=graphs,
         codebook=tables["codebook"].to(device),
         device=device,
@@ -64,7 +64,8 @@ def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device)
         neighbour_table=tables["neighbours"].to(device),
         default_options=manifest["decoding_defaults"],
     )
-    engines.trees[TreeShape(*manifest["graphs"]["draft_tree"]["tree"])] = graphs["draft_tree"]
+    if "draft_tree" in graphs:
+        engines.trees[TreeShape(*manifest["graphs"]["draft_tree"]["tree"])] = graphs["draft_tree"]
     engines.text = folder_text_encoder(folder, manifest, backend, graphs.get("text_encode"), device)
     return engines
 
@@ -79,7 +80,8 @@ def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | Non
     engines = engine_set("onnxruntime", folder, manifest, open_graphs(folder, manifest, folder_graphs(manifest),
                                                                       device, threads), device)
     options = session_options(threads)
-    engines.tree_loader = lambda tree: open_session(*export_tree(folder, manifest, tree), device, options=options)
+    if engines.has_drafter:
+        engines.tree_loader = lambda tree: open_session(*export_tree(folder, manifest, tree), device, options=options)
     return engines
 
 
@@ -98,7 +100,7 @@ def load_tensorrt(folder: str | Path, device: str = "cuda", cuda_graphs: bool = 
     if cuda_graphs:
         from vvs.engines.cuda_graphs import GraphedEngine
 
-        for name in ("target_verify", "draft_tree"):
+        for name in ("target_verify", "draft_tree")[: 1 + engines.has_drafter]:
             bucketed = engines.graphs[name]
             bucketed.inner = GraphedEngine(bucketed.inner)
         engines.backend += "+cuda-graphs"
@@ -113,7 +115,7 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
     for module in graphs.values():
         cast_floating(module.to(device), dtype)
     act = "float16" if dtype == torch.float16 else "float32"
-    specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, tree, act)
+    specs = graph_specs(bundle.target.config, bundle.drafter and bundle.drafter.config, bundle.vq.config, tree, act)
     uncond = getattr(bundle.target.cls_embedding, "uncond_embedding", None)  # t2i targets only
 
     def tree_loader(shape: TreeShape) -> TorchEngine:  # any shape: the module shares the drafter's weights
@@ -124,7 +126,7 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
     engines = EngineSet(
         backend="torch",
         target=bundle.target.config,
-        drafter_layers=bundle.drafter.config.num_hidden_layers,
+        drafter_layers=0 if bundle.drafter is None else bundle.drafter.config.num_hidden_layers,
         graphs={name: TorchEngine(graphs[name], specs[name]) for name in specs},
         codebook=bundle.vq.quantize.codebook().detach().to(device),
         device=device,
@@ -132,9 +134,10 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
         max_draft_top_k=max_draft_top_k,
         default_options=dict(default_options or {}),
         conditioning=conditioning(bundle.target.config, None if uncond is None else uncond.detach().clone()),
-        tree_loader=tree_loader,
+        tree_loader=None if bundle.drafter is None else tree_loader,
     )
-    engines.trees[tree] = engines.graphs["draft_tree"]
+    if engines.has_drafter:
+        engines.trees[tree] = engines.graphs["draft_tree"]
     return engines
 
 
@@ -164,7 +167,8 @@ def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_gra
     folder = Path(folder)
     manifest = read_manifest(folder)
     text_files = [name for name in manifest["files"] if name.startswith(f"{TEXT_DIR}/")]
-    verify_files(folder, manifest, list(TORCH_WEIGHTS.values()) + [manifest["tables"]["file"]] + text_files)
+    weights = [file for name, file in TORCH_WEIGHTS.items() if name in manifest["model"]]
+    verify_files(folder, manifest, weights + [manifest["tables"]["file"]] + text_files)
     if threads:
         torch.set_num_threads(threads)
     target = load_gpt(folder / TORCH_WEIGHTS["target"])
@@ -173,8 +177,8 @@ def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_gra
 
         verify_files(folder, manifest, [CALIBRATION])
         target = quantize_target(target, load_file(folder / CALIBRATION))
-    bundle = ModelBundle(target, load_drafter(folder / TORCH_WEIGHTS["drafter"], target.config),
-                         load_vq(folder / TORCH_WEIGHTS["vq"]))
+    drafter = load_drafter(folder / TORCH_WEIGHTS["drafter"], target.config) if "drafter" in manifest["model"] else None
+    bundle = ModelBundle(target, drafter, load_vq(folder / TORCH_WEIGHTS["vq"]))
     dtype = torch.float16 if manifest["precision"] in ("fp16", "int8") else torch.float32
     engines = torch_engines(bundle, device, dtype, manifest["max_draft_top_k"], manifest["decoding_defaults"])
     engines.neighbour_table = load_file(folder / manifest["tables"]["file"])["neighbours"].to(engines.device)

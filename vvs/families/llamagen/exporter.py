@@ -1,5 +1,6 @@
 """LlamaGen's engine folder: a model bundle -> four ONNX graphs (``target_prefill``, ``target_verify``, ``draft_tree``,
-``vq_decode``), tables and the manifest, written through :func:`vvs.export.folder.folder_transaction`.
+``vq_decode``; no ``draft_tree`` without a drafter), tables and the manifest, written through
+:func:`vvs.export.folder.folder_transaction`.
 
 The ``draft_tree`` graph is built for the decoding defaults' tree shape; :func:`export_tree` adds other shapes
 to a folder on demand (``vvs-bench --tune`` and ``--sweep`` try several).
@@ -47,6 +48,8 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
     if precision not in PRECISIONS:
         raise VVSError(f"option precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
     defaults = DecodeOptions().updated(**(decoding_defaults or {}))
+    if bundle.drafter is None and defaults.uses_drafter:  # the best exact mode that needs no drafter
+        defaults = defaults.updated(mode="sjd-pac")
     if defaults.draft_top_k > max_draft_top_k:
         raise VVSError(f"default draft_top_k={defaults.draft_top_k} exceeds max_draft_top_k={max_draft_top_k}")
     vocab = bundle.target.config.vocab_size
@@ -63,7 +66,8 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
 
             bundle = int8_bundle(bundle, calibrate(bundle, work / CALIBRATION))
         act = "float16" if PRECISIONS[precision] == torch.float16 else "float32"
-        specs = graph_specs(bundle.target.config, bundle.drafter.config, bundle.vq.config, defaults.tree, act)
+        drafter = bundle.drafter and bundle.drafter.config
+        specs = graph_specs(bundle.target.config, drafter, bundle.vq.config, defaults.tree, act)
         graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, defaults.tree)
         for module in graphs.values():
             cast_floating(module, PRECISIONS[precision])
@@ -77,7 +81,8 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
             onnx.checker.check_model(str(written[0]))
             files += written
             entries[name] = {"file": written[0].name, "spec": specs[name].to_dict()}
-        entries["draft_tree"]["tree"] = list(defaults.tree)
+        if drafter is not None:
+            entries["draft_tree"]["tree"] = list(defaults.tree)
         if text_encoder is not None:
             from vvs.text.export import export_text_encoder
 
@@ -92,7 +97,8 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
         # the torch weights too, so one folder serves every backend (and TensorRT rebuilds need only the ONNX)
         for name, model, kind in (("target", source.target, "gpt"), ("drafter", source.drafter, "drafter"),
                                   ("vq", source.vq, "vq")):
-            files.append(save_model(model, work / TORCH_WEIGHTS[name], kind))
+            if model is not None:
+                files.append(save_model(model, work / TORCH_WEIGHTS[name], kind))
         if precision == "int8":
             files.append(work / CALIBRATION)
         manifest = {
@@ -100,7 +106,7 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
             "model": {
                 "family": "llamagen",
                 "target": bundle.target.config.to_dict(),
-                "drafter": bundle.drafter.config.to_dict(),
+                **({} if drafter is None else {"drafter": drafter.to_dict()}),
                 "vq": bundle.vq.config.to_dict(),
                 **(extra_model_info or {}),
             },
@@ -219,7 +225,7 @@ def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
     if o["text_encoder"] and not o["t2i"]:
         raise VVSError("option --text-encoder: needs --t2i (class-conditional targets take class ids, not text)")
     bundle = load_bundle(o["checkpoint"], o["config"], o["vq"], o["vq_config"], o["drafter"], t2i=o["t2i"],
-                         ema=o["ema"], grid_size=o["grid_size"])
+                         ema=o["ema"], grid_size=o["grid_size"], no_drafter=o["no_drafter"])
     echo(bundle.summary())
     shipped = shipped_info() if not (o["checkpoint"] or o["drafter"] or o["vq"]) else None
     extra, defaults, text_encoder = {}, {}, o["text_encoder"]

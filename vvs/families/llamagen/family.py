@@ -16,11 +16,13 @@ FAMILY = Family(
     summary="discrete VQ tokens, class- or text-conditional; VVS, EAGLE-2, LANTERN",
     options=DecodeOptions,
     mode_names=MODE_NAMES,
-    bench_modes=("ar", "sd", "lantern", "vvs-uniform", "vvs-dynamic"),
-    mode_help="ar and sd sample the target's distribution exactly; lantern and vvs change it by design, vvs "
-              "committing a skipped cycle's drafts unverified; vvs-uniform and vvs-dynamic name its skip schedule",
+    bench_modes=("ar", "sd", "lantern", "vvs-uniform", "vvs-dynamic", "sjd", "sjd-pac", "gsd"),
+    mode_help="ar, sd, sjd and sjd-pac sample the target's distribution exactly; lantern, vvs and gsd change it by "
+              "design, vvs committing a skipped cycle's drafts unverified, gsd accepting a draft for its group of "
+              "near-equivalent codes; vvs-uniform and vvs-dynamic name VVS's skip schedule; sjd, sjd-pac and gsd "
+              "need no drafter (speculative Jacobi decoding over a window of --window tokens)",
     manifest_schema={"required": ["max_draft_top_k", "tables"],
-                     "properties": {"model": {"required": ["drafter", "vq"]}, "graphs": {"required": ["draft_tree"]}}},
+                     "properties": {"model": {"required": ["vq"]}}},
     model_configs={"target": (f"{M}.gpt:GPTConfig", ("num_image_tokens", "head_dim")),
                    "drafter": (f"{M}.drafter:DrafterConfig", ()), "vq": ("vvs.models.vq:VQConfig", ())},
     condition_kind=lambda manifest: "text" if manifest["model"]["target"]["model_type"] == "t2i" else "class",
@@ -37,6 +39,9 @@ FAMILY = Family(
                      help="fp16: half-precision graphs, the VQ decoder included (RMSNorm, RoPE and the logits stay "
                           "fp32). int8: SmoothQuant W8A8 Q/DQ on the target's linear layers, calibrated on the "
                           "model's own samples, in an otherwise fp16 graph (the drafter is never quantized)."),
+        click.Option(["--no-drafter"], is_flag=True,
+                     help="Export without a drafter: the folder runs ar, sjd, sjd-pac and gsd. Also what --checkpoint "
+                          "without --drafter exports."),
         click.Option(["--max-draft-top-k"], type=click.IntRange(1, 64), default=10, show_default=True,
                      help="Largest --draft-top-k this folder accepts at run time (draft_tree graphs are built per "
                           "tree shape)."),
@@ -61,6 +66,13 @@ FAMILY = Family(
         DecodingFlag("--sim-threshold", "sim_threshold", float, "dynamic: latent similarity needed to skip."),
         DecodingFlag("--lantern-k", "lantern_k", int, "LANTERN: latent neighbours per drafted token."),
         DecodingFlag("--lantern-delta", "lantern_delta", float, "LANTERN: total-variation budget δ."),
+        DecodingFlag("--window", "window", int,
+                     "sjd, sjd-pac, gsd: tokens per window forward, root included (0: the paper's, 16 or 64)."),
+        DecodingFlag("--pac-tree-width", "pac_tree_width", int, "sjd-pac: candidates per node after a rejection."),
+        DecodingFlag("--pac-tree-depth", "pac_tree_depth", int, "sjd-pac: levels of that tree (0: none)."),
+        DecodingFlag("--gsd-group-size", "gsd_group_size", int, "gsd: codes ranked around a draft that may group."),
+        DecodingFlag("--gsd-prob-gap", "gsd_prob_gap", float, "gsd: largest probability gap within a group."),
+        DecodingFlag("--gsd-distance", "gsd_distance", float, "gsd: largest squared latent distance in a group."),
     ),
     export=f"{M}.exporter:export_from_options",
     load_engines=f"{M}.engines:load_engines",

@@ -177,14 +177,16 @@ class VQDecode(nn.Module):
         return self.vq.decode_codes(codes, self.grid).float()  # float32 pixels from a decoder of any precision
 
 
-def build_graphs(target: GPT, drafter: Drafter, vq: VQModel, tree: TreeShape) -> dict[str, nn.Module]:
-    """The graph modules of a model bundle, with the ``draft_tree`` graph of one tree shape."""
-    return {
+def build_graphs(target: GPT, drafter: Drafter | None, vq: VQModel, tree: TreeShape) -> dict[str, nn.Module]:
+    """The graph modules of a model bundle, with the ``draft_tree`` graph of one tree shape where it has a
+    drafter."""
+    graphs = {
         "target_prefill": TargetPrefill(target).eval(),
         "target_verify": TargetVerify(target).eval(),
-        "draft_tree": draft_tree_graph(target, drafter, tree),
+        "draft_tree": None if drafter is None else draft_tree_graph(target, drafter, tree),
         "vq_decode": VQDecode(vq, target.config.grid_size).eval(),
     }
+    return {name: graph for name, graph in graphs.items() if graph is not None}
 
 
 def draft_tree_graph(target: GPT, drafter: Drafter, tree: TreeShape) -> DraftTreeGraph:
@@ -195,8 +197,8 @@ def draft_tree_graph(target: GPT, drafter: Drafter, tree: TreeShape) -> DraftTre
 # --------------------------------------------------------------------------- their inputs and outputs
 
 def graph_specs(target, drafter, vq, tree, act: str = "float32") -> dict[str, GraphSpec]:
-    """Specs of the four graphs for a target ``GPTConfig``, ``DrafterConfig``, ``VQConfig`` and the ``TreeShape``
-    of the ``draft_tree`` graph.
+    """Specs of the four graphs for a target ``GPTConfig``, ``DrafterConfig`` (None: no ``draft_tree`` graph),
+    ``VQConfig`` and the ``TreeShape`` of the ``draft_tree`` graph.
 
     ``act`` is the dtype of activations, features and caches ("float32" or "float16"); logits are float32.
     """
@@ -205,7 +207,7 @@ def graph_specs(target, drafter, vq, tree, act: str = "float32") -> dict[str, Gr
     cond = (TensorSpec("condition", "int64", ("batch",)) if t.model_type == "c2i"
             else TensorSpec("condition", act, ("batch", t.cls_token_num, t.caption_dim)))
     image = vq.downsample * t.grid_size
-    return {
+    specs = {
         "target_prefill": GraphSpec("target_prefill", (
             cond,
             TensorSpec("attn_mask", "bool", ("batch", 1, t.cls_token_num, t.cls_token_num)),
@@ -226,13 +228,16 @@ def graph_specs(target, drafter, vq, tree, act: str = "float32") -> dict[str, Gr
             TensorSpec("hidden", act, ("batch", "new", t.dim)),
             TensorSpec("new_kv", act, (t.n_layer, 2, "batch", t.n_head, "new", t.head_dim)),
         )),
-        "draft_tree": draft_tree_spec(target, drafter, tree, act),
+        "draft_tree": None if drafter is None else draft_tree_spec(target, drafter, tree, act),
         "vq_decode": GraphSpec("vq_decode", (
             TensorSpec("codes", "int64", ("images", t.num_image_tokens)),
         ), (
             TensorSpec("image", "float32", ("images", 3, image, image)),
         )),
     }
+    if drafter is None:
+        del specs["draft_tree"]
+    return specs
 
 
 def draft_tree_spec(target, drafter, tree, act: str = "float32") -> GraphSpec:
