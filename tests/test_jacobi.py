@@ -1,16 +1,17 @@
 """The drafter-free window modes: SJD and SJD-PAC draw exactly from the target, GSD does not, and the instrument
 catches the acceptance bugs a window loop invites.
 
-The instrument is the joint randomised-PIT test of :mod:`tests.exactness`, on the same 3,000 images of the small
-random target as the tree modes (:mod:`tests.test_exactness`), with a window of 6 tokens so that a 16-token image
-takes several iterations with rejections, continuations and refills."""
+The instrument is the joint randomised-PIT test of :mod:`tests.exactness`, on the same 3,000 images of 16 tokens
+from the small random target as the tree modes (:mod:`tests.test_exactness`). The windows are short, so that an
+image takes several iterations with rejections, continuations and refills: SJD 6 tokens; SJD-PAC 12, opening with a
+tree of two candidates at each of its first two positions (7 nodes), so the walk meets recursive rejections."""
 import pytest
 import torch
 
 from tests.test_exactness import FAIL, PASS, SETTINGS, fit
-from vvs.runtime.jacobi import Jacobi
+from vvs.runtime.jacobi import Jacobi, WindowLayout
 
-WINDOW = dict(window=6)
+WINDOWS = {"sjd": dict(window=6), "sjd-pac": dict(window=12, pac_tree_width=2, pac_tree_depth=3)}
 
 
 @pytest.fixture(scope="module")
@@ -19,49 +20,60 @@ def pipe(pipeline_factory):
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
-@pytest.mark.parametrize("mode", ["sjd", "sjd-pac"])
+@pytest.mark.parametrize("mode", WINDOWS)
 def test_window_modes_draw_from_the_target(pipe, mode, setting):
-    gen, (joint, position) = fit(pipe, mode, SETTINGS[setting], **WINDOW)
+    gen, (joint, position) = fit(pipe, mode, SETTINGS[setting], **WINDOWS[mode])
     assert joint > PASS and position > PASS, (joint, position)
     agg = gen.aggregate()
     assert agg["tokens_per_target_forward"] > 1.3, "the test should exercise multi-token acceptance"
-    assert agg["drafter_forwards"] == 0
+    assert sum(s.drafter_forwards for s in gen.stats) == 0
 
 
 def test_grouped_acceptance_fails_it(pipe):
     """GSD lends a draft its group's mass: lossy by design (here every ranked neighbour may join the group)."""
-    gen, (joint, _) = fit(pipe, "gsd", SETTINGS["plain"], gsd_distance=4.0, gsd_prob_gap=1.0, **WINDOW)
+    _, (joint, _) = fit(pipe, "gsd", SETTINGS["plain"], gsd_distance=4.0, gsd_prob_gap=1.0, window=6)
     assert joint < FAIL
 
 
-def stale_q(self, active, m, carry, p, u):
+def stale_q(self, active, accepted, carry, along, siblings, refills):
     """A carried draft keeps the q it was first drawn from (the window's first random q), not the distribution
     of the iteration that drew it: the acceptance ratio is taken against the wrong iteration's distribution."""
     q = self.q.clone()
-    _refresh(self, active, m, carry, p, u)
+    _refresh(self, active, accepted, carry, along, siblings, refills)
     self.q.copy_(q)
 
 
-def residual_is_p(self, p, u):
+def residual_is_p(self, p, q, u):
     """A rejection commits a fresh draw from p instead of the residual max(p - q, 0)."""
     return self.draw(p, u)
 
 
-def tempered_test(self, p, u):
+def tempered_test(self, p, x, q, u):
     """Drafts tested against p^0.7."""
     flat = p ** 0.7
-    return _test(self, flat / flat.sum(-1, keepdim=True), u)
+    return _test(self, flat / flat.sum(-1, keepdim=True), x, q, u)
+
+
+def no_recursion(p, q, x):
+    """After a rejected candidate the next one faces the same p and q (no residual, no renormalisation)."""
+    return p, q
 
 
 _refresh, _test = Jacobi.refresh, Jacobi.test
+# SJD-PAC's residual bug, as a chain under top-p: its tree and continuation otherwise leave few rejections whose
+# residual differs from p (p = 3e-9 plain, 3e-16 top-p as a chain; 2e-3 plain with the tree)
+RESIDUAL = dict(window=6, pac_tree_depth=1, setting="top-p")
+BUGS = [("sjd", stale_q, "refresh", {}), ("sjd-pac", stale_q, "refresh", {}),
+        ("sjd", residual_is_p, "residual_draw", {}), ("sjd-pac", residual_is_p, "residual_draw", RESIDUAL),
+        ("sjd", tempered_test, "test", {}), ("sjd-pac", tempered_test, "test", {}),
+        ("sjd-pac", staticmethod(no_recursion), "reject", {})]
 
 
-@pytest.mark.parametrize("mode", ["sjd", "sjd-pac"])
-@pytest.mark.parametrize("bug,method", [(stale_q, "refresh"), (residual_is_p, "residual_draw"),
-                                        (tempered_test, "test")], ids=["stale-q", "residual-is-p", "tempered"])
-def test_it_catches_injected_window_bugs(pipe, monkeypatch, mode, bug, method):
+@pytest.mark.parametrize("mode,bug,method,options", BUGS, ids=lambda v: getattr(v, "__name__", None))
+def test_it_catches_injected_window_bugs(pipe, monkeypatch, mode, bug, method, options):
     monkeypatch.setattr(Jacobi, method, bug)
-    _, (joint, _) = fit(pipe, mode, SETTINGS["plain"], **WINDOW)
+    options = {**WINDOWS[mode], **options}
+    _, (joint, _) = fit(pipe, mode, SETTINGS[options.pop("setting", "plain")], **options)
     assert joint < FAIL
 
 
@@ -71,14 +83,30 @@ def test_greedy_window_decoding_is_ar(pipe, mode):
     default group needs codes within 0.5 of each other in latent space; the random codebook has none)."""
     classes = torch.arange(8)
     ar = pipe.generate(classes, mode="ar", seed=0, temperature=0.0, cfg_scale=2.0, decode_images=False)
-    window = pipe.generate(classes, mode=mode, seed=0, temperature=0.0, cfg_scale=2.0, decode_images=False, window=4)
+    window = pipe.generate(classes, mode=mode, seed=0, temperature=0.0, cfg_scale=2.0, decode_images=False,
+                           **WINDOWS.get(mode, dict(window=4)))
     assert torch.equal(window.tokens, ar.tokens)
     assert window.aggregate()["target_forwards"] < ar.aggregate()["target_forwards"]
 
 
-def test_adaptive_continuation_accepts_more_than_sjd(pipe):
-    """SJD-PAC keeps each position's outcome past a rejection, so later iterations accept more of the window."""
+def test_adaptive_continuation_and_the_tree_accept_more_than_sjd(pipe):
+    """SJD-PAC keeps each position's outcome past a rejection, so later iterations accept more of the window; its
+    tree adds accepted tokens after rejections."""
     labels = torch.full((400,), 2)
-    tpf = {mode: pipe.generate(labels, mode=mode, seed=0, decode_images=False, window=8, pac_tree_depth=0,
-                               **SETTINGS["plain"]).aggregate()["tokens_per_target_forward"] for mode in ("sjd", "sjd-pac")}
-    assert tpf["sjd-pac"] > tpf["sjd"], tpf
+
+    def tpf(mode, **options):
+        gen = pipe.generate(labels, mode=mode, seed=0, decode_images=False, window=12, **options, **SETTINGS["plain"])
+        return gen.aggregate()["tokens_per_target_forward"]
+
+    sjd, chain, tree = tpf("sjd"), tpf("sjd-pac", pac_tree_depth=1), tpf("sjd-pac", pac_tree_width=2, pac_tree_depth=3)
+    assert sjd < chain < tree, (sjd, chain, tree)
+
+
+def test_the_window_is_a_tree_then_a_chain():
+    """K = 3, D = 3 in a 16-node window: the root, 3 + 9 tree nodes, then a chain of 3 under the first path."""
+    w = WindowLayout(16, 3, 2, "cpu")
+    assert w.positions == 5 and w.main.tolist() == [0, 1, 4, 13, 14, 15]
+    assert w.column.tolist() == [0, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 4, 5]
+    assert w.sibling[4:13].tolist() == [0, 1, 2] * 3
+    assert w.child[2].tolist() == [7, 8, 9] and w.child[5].tolist() == [-1, -1, -1]
+    assert w.ancestors[15].nonzero().flatten().tolist() == [0, 1, 4, 13, 14, 15]

@@ -13,7 +13,7 @@ from vvs.runtime.scheduler import Busy, RequestTimeout
 
 MODES = [("ar", {}), ("sd", {}), ("lantern", {}), ("vvs", {"skip_policy": "uniform", "skip_interval": 2}),
          ("vvs", {"skip_policy": "dynamic", "sim_threshold": 0.3}), ("sjd", {"window": 5}),
-         ("sjd-pac", {"window": 5}), ("gsd", {"window": 5, "gsd_distance": 4.0, "gsd_prob_gap": 1.0})]
+         ("sjd-pac", {"window": 9, "pac_tree_width": 2, "pac_tree_depth": 3}), ("gsd", {"window": 5, "gsd_distance": 4.0, "gsd_prob_gap": 1.0})]
 
 
 def _alone(pipe, opts, condition, seed, mask=None):

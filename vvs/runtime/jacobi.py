@@ -3,32 +3,40 @@
 The target refines a window of drafted tokens by itself; there is no drafter. One iteration, for every image of
 the batch at once::
 
-    forward [root, x_1 … x_{L-1}]            # one target forward over the window, causal
-    test x_i against p_{i-1}, in order       # accept with probability min(1, p(x) / q(x)), q: what x was drawn from
-    commit root + the accepted prefix        # the new root: the first rejection's residual sample, or a bonus
-    refresh the window past the commit       # the forward's own draws there (q := p), then random tokens
+    forward [root, drafts]                   # one target forward over the window (a fixed tree-then-chain shape)
+    walk the drafts from the root            # accept x with probability min(1, p(x) / q(x)), q: what x was drawn from
+    commit root + the accepted path          # the new root: the rejection's residual draw, or a bonus draw
+    refresh the window past the commit       # this forward's draws there (q := p), then random tokens
 
-Why SJD is exact: the drafts of one window are drawn independently, each from its recorded ``q``, given
-everything before the iteration; the test of ``x_i`` depends on the earlier drafts only through ``p_{i-1}``, so
-conditioned on the prefix that was accepted, ``x_i`` is still a draw from ``q_i`` and speculative sampling's
-argument applies at every position (Leviathan et al.; SJD, arXiv 2410.01699).
+Why SJD is exact: the drafts of one window are drawn independently per position, each from its recorded ``q``,
+given everything before the iteration; the test at position ``c`` depends on the earlier drafts only through
+``p_{c-1}``, so conditioned on the accepted prefix the draft at ``c`` is still a draw from ``q_c``, and speculative
+sampling's argument applies at every position (SJD, arXiv 2410.01699).
 
-The modes differ in two places only:
+SJD-PAC (arXiv 2603.18599) adds two things, both kept exact here:
 
-- **refresh** -- SJD takes fresh draws from this forward's distributions. SJD-PAC's *adaptive continuation*
-  (arXiv 2603.18599) instead keeps every position's own outcome past the first rejection: the old draft where its
-  test passed, else its residual draw. That outcome is a draw from ``p`` (the maximal coupling of ``q`` and
-  ``p``), so it is recorded with ``q := p`` and SJD's argument still holds, while the window stays put wherever
-  the target already agrees, and later iterations accept it.
-- **test** -- GSD (arXiv 2508.07747) accepts ``x`` with probability ``min(1, p(G) / q(G))`` over a group ``G`` of
-  near-equivalent codes: those ranked next to ``x`` by the target, within ``gsd_prob_gap`` of its probability
-  and close to it in the tokenizer's latent space (the codebook LANTERN measures with). The group lends ``x``
-  its neighbours' mass, so GSD changes the distribution by design.
+- **Adaptive continuation** -- past the first rejection SJD takes fresh draws from this forward's distributions;
+  SJD-PAC keeps each position's own outcome instead: the old draft where its test (against the main path's
+  output) passed, else a residual draw. That outcome is a draw from ``p`` (the maximal coupling of ``q`` and
+  ``p``), so it is recorded with ``q := p``, and the window stays put wherever the target already agrees.
+- **Proactive drafting** -- the window opens with a tree: ``K`` candidates at each of its first ``D - 1``
+  positions, drawn without replacement from that position's ``q`` (the first is the continued draft), every node
+  at a position holding that position's candidates as children. The walk tries a node's children in order,
+  recursive rejection sampling for drafts drawn without replacement (after a rejected ``x``: ``p`` becomes its
+  normalised residual ``max(p - q, 0)``, ``q`` loses ``x`` and is renormalised); the first accepted child is
+  taken. Past the tree, a chain continues the first candidate's path ("the main path"). The released code takes
+  the longest accepted path and draws the other candidates from the residual; both change the distribution, as
+  a simulation of its sampler shows, so vvs does not do either.
+
+GSD (arXiv 2508.07747) accepts ``x`` with probability ``min(1, p(G) / q(G))`` over a group ``G`` of
+near-equivalent codes: those the target ranks next to ``x``, within ``gsd_prob_gap`` of its probability and close
+to it in the tokenizer's latent space (the released code measures the target's input embeddings; vvs the
+codebook, as LANTERN does). The group lends ``x`` its neighbours' mass, so GSD changes the distribution by design.
 
 Greedy (temperature 0) is Jacobi decoding: a draft is accepted when it is the target's argmax.
 
-Randomness: every iteration takes the same number of uniforms from each image's stream (one per test, one per
-output position's draw, one per random refill), so tokens do not depend on the batch.
+Randomness: every iteration takes the same number of uniforms from each image's stream, each read by position,
+so tokens do not depend on the batch.
 """
 from __future__ import annotations
 
@@ -39,34 +47,77 @@ from vvs.runtime.decode import Decoding, Plan, read_plan, release
 from vvs.runtime.random import inverse_cdf
 
 
+class WindowLayout:
+    """The fixed shape of one window forward: ``length`` nodes; a tree of ``width`` candidates at each of the first
+    ``levels`` positions; then a chain under the main path (every node's first child) to fill the window.
+
+    Candidates belong to positions: every node at position ``c`` that is a ``b``-th child holds the ``b``-th
+    candidate drawn for ``c``, so an image's window is ``candidates [n, positions, width]``."""
+
+    def __init__(self, length: int, width: int, levels: int, device):
+        column, sibling, parent = [0], [0], [-1]
+        frontier = [0]
+        for level in range(1, levels + 1):
+            frontier_next = []
+            for p in frontier:
+                for b in range(width):
+                    column.append(level), sibling.append(b), parent.append(p)
+                    frontier_next.append(len(column) - 1)
+            frontier = frontier_next
+        main = [0]
+        for _ in range(levels):
+            main.append(next(i for i in range(len(column)) if parent[i] == main[-1] and sibling[i] == 0))
+        while len(column) < length:
+            column.append(column[main[-1]] + 1), sibling.append(0), parent.append(main[-1])
+            main.append(len(column) - 1)
+        self.length, self.width, self.levels = length, width, levels
+        self.positions = len(main) - 1
+        self.column = torch.tensor(column, device=device)
+        self.sibling = torch.tensor(sibling, device=device)
+        self.main = torch.tensor(main, device=device)
+        child = torch.full((length, width), -1, dtype=torch.long)
+        ancestors = torch.eye(length, dtype=torch.bool)
+        for i in range(1, length):
+            child[parent[i], sibling[i]] = i
+            ancestors[i] |= ancestors[parent[i]]
+        self.child = child.to(device)
+        self.ancestors = ancestors.to(device)
+
+
 class Jacobi:
     """The window loop; ``d.opts.mode`` is ``"sjd"``, ``"sjd-pac"`` or ``"gsd"``."""
 
     def __init__(self, d: Decoding):
         self._setup(d)
-        vocab = d.cfg.vocab_size
-        self.drafts = torch.zeros(d.n, self.L - 1, dtype=torch.long, device=d.dev)
-        self.q = torch.zeros(d.n, self.L - 1, vocab, device=d.dev)  # the distribution each draft was drawn from
+        w = self.window
+        self.candidates = torch.zeros(d.n, w.positions, w.width, dtype=torch.long, device=d.dev)
+        self.q = torch.zeros(d.n, w.positions, d.cfg.vocab_size, device=d.dev)  # what each position's drafts came from
         d.prefill()
-        nothing = torch.zeros(d.n, 1, dtype=torch.long, device=d.dev)
-        self.refresh(d.active, nothing.squeeze(1) + self.L, nothing, None, d.random.uniform(self.L - 1))
+        outside = torch.full((d.n,), w.positions + 1, dtype=torch.long, device=d.dev)
+        u = d.random.uniform(w.positions * w.width)
+        self.refresh(d.active, outside, None, None, u[:, : w.positions * (w.width - 1)].view(d.n, w.positions, -1),
+                     u[:, w.positions * (w.width - 1):])
         self.plan = self.read()
 
     def _setup(self, d: Decoding) -> None:
-        self.d, self.opts = d, d.opts
-        self.L = d.opts.window_length
-        self.continues = d.opts.mode == "sjd-pac"
-        self.grouped = d.opts.mode == "gsd"
-        self.offsets = torch.arange(self.L, device=d.dev)
-        self.visible = torch.ones(self.L, self.L, dtype=torch.bool, device=d.dev).tril().expand(d.n, -1, -1)
-        self.draws = 3 * self.L - 2  # tests, draws per output, refills
+        opts = d.opts
+        self.d, self.opts = d, opts
+        self.continues = opts.mode == "sjd-pac"
+        self.grouped = opts.mode == "gsd"
+        width, depth = (opts.pac_tree_width, opts.pac_tree_depth) if self.continues else (1, 1)
+        if width == 1 or depth == 1:  # a plain chain
+            width, depth = 1, 1
+        self.window = WindowLayout(opts.window_length, width, depth - 1, d.dev)
+        positions = self.window.positions
+        # tests per candidate, one draw per position and one past the window, sibling draws, random refills
+        self.draws = positions * width + positions + 1 + positions * (width - 1) + positions
         self.latent = F.normalize(d.engines.codebook.float(), dim=-1) if self.grouped else None
 
     @classmethod
     def combine(cls, parts: list[tuple["Jacobi", torch.Tensor]]) -> "Jacobi":
         loop = cls.__new__(cls)
         loop._setup(Decoding.combine([(p.d, images) for p, images in parts]))
-        loop.drafts = torch.cat([p.drafts[images] for p, images in parts])
+        loop.candidates = torch.cat([p.candidates[images] for p, images in parts])
         loop.q = torch.cat([p.q[images] for p, images in parts])
         loop.plan = loop.read()
         release(parts)
@@ -76,44 +127,104 @@ class Jacobi:
         return read_plan(self.d.active.long(), torch.zeros((), dtype=torch.long, device=self.d.dev))
 
     def step(self) -> None:
-        """One iteration: forward the window → test the drafts → commit → refresh the window."""
-        d, L, n = self.d, self.L, self.d.n
+        """One iteration: forward the window → walk the drafts → commit → refresh the window."""
+        d, w, n = self.d, self.window, self.d.n
+        P, K = w.positions, w.width
         active = d.active
         u = d.random.uniform(self.draws)
-        tests, draws, refills = u[:, : L - 1], u[:, L - 1: 2 * L - 1], u[:, 2 * L - 1:]
-        ids = torch.cat([d.root[:, None], self.drafts], 1)
-        out = d.verify(ids, d.C + d.count[:, None] + self.offsets, self.visible, self.plan.verifying)
-        p = d.proc.probs(d.force(out["logits"], d.count[:, None] + 1 + self.offsets))  # output j predicts x_{j+1}
-        ok = self.test(p[:, :-1], tests)
-        m = ok.long().cumprod(1).sum(1)  # accepted drafts: the prefix before the first rejection
-        fresh = self.draw(p, draws)
-        outcome = torch.cat([torch.where(ok, self.drafts, self.residual_draw(p[:, :-1], draws[:, :-1])),
-                             fresh[:, -1:]], 1)  # per output: the kept draft or its residual draw; a bonus last
-        root = outcome.gather(1, m[:, None]).squeeze(1)
-        kept = torch.where(active, torch.minimum(m + 1, d.N - d.count), 0)  # nothing past the image's end
-        d.kv.commit(out["new_kv"], self.offsets.expand(n, -1), kept)
+        tests, u = u[:, : P * K].view(n, P, K), u[:, P * K:]
+        draws, u = u[:, : P + 1], u[:, P + 1:]
+        siblings, refills = u[:, : P * (K - 1)].view(n, P, K - 1), u[:, P * (K - 1):]
+        ids = torch.cat([d.root[:, None], self.candidates[:, w.column[1:] - 1, w.sibling[1:]]], 1)
+        out = d.verify(ids, d.C + d.count[:, None] + w.column, w.ancestors.expand(n, -1, -1), self.plan.verifying)
+        # node i's output predicts position column[i] + 1
+        p = d.proc.probs(d.force(out["logits"], d.count[:, None] + 1 + w.column))
+        path, accepted, root = self.walk(p, tests, draws)
+        kept = torch.where(active, torch.minimum(accepted + 1, d.N - d.count), 0)  # nothing past the image's end
+        d.kv.commit(out["new_kv"], path, kept)
         d.counters.record(active, "verify", *d.counted(d.count, kept))
         d.counters.add("target_forwards", active)
-        d.append_tokens(ids, kept)
+        d.append_tokens(ids.gather(1, path), kept)
         d.root.copy_(torch.where(active, root, d.root))
-        self.refresh(active, m, outcome if self.continues else fresh, p, refills)
+        along = p[:, w.main]  # [n, P + 1, V]: the main path's outputs
+        carry = self.continued(along, tests[:, :, 0], draws) if self.continues else self.draw(along, draws)
+        self.refresh(active, accepted, carry, along, siblings, refills)
         self.plan = self.read()
 
-    def test(self, p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """``[n, L-1]``: whether each draft passes its test against ``p [n, L-1, V]`` (the distribution the
-        previous output gives it)."""
-        x = self.drafts
+    def walk(self, p: torch.Tensor, tests: torch.Tensor, draws: torch.Tensor):
+        """From the root: recursive rejection over the tree's candidates, then the chain test along the main path.
+        Returns ``(path [n, P + 1]`` nodes of the committed tokens, ``accepted [n]`` drafts, ``root [n])``."""
+        d, w = self.d, self.window
+        P, img = w.positions, torch.arange(d.n, device=d.dev)
+        greedy = d.proc.greedy
+        path = w.main.expand(d.n, -1).clone()
+        cur = torch.zeros(d.n, dtype=torch.long, device=d.dev)
+        alive = torch.ones(d.n, dtype=torch.bool, device=d.dev)
+        accepted = torch.zeros(d.n, dtype=torch.long, device=d.dev)
+        root = torch.zeros(d.n, dtype=torch.long, device=d.dev)
+        for c in range(1, w.levels + 1):
+            target, q = p[img, cur], self.q[:, c - 1]
+            taken, nxt = torch.zeros_like(alive), cur.clone()
+            for b in range(w.width):
+                x = self.candidates[:, c - 1, b]
+                trying = alive & ~taken
+                px, qx = target.gather(1, x[:, None])[:, 0], q.gather(1, x[:, None])[:, 0]
+                ok = trying & ((x == target.argmax(-1)) if greedy else (tests[:, c - 1, b] * qx < px))
+                nxt = torch.where(ok, w.child[cur, b], nxt)
+                taken |= ok
+                if not greedy:
+                    rejected = (trying & ~ok)[:, None]
+                    after = self.reject(target, q, x)
+                    target, q = (torch.where(rejected, new, old) for new, old in zip(after, (target, q)))
+            stop = alive & ~taken
+            root = torch.where(stop, self.draw(target[:, None], draws[:, c - 1: c])[:, 0], root)
+            accepted += (alive & taken).long()
+            cur = torch.where(alive & taken, nxt, cur)
+            path[:, c] = cur
+            alive &= taken
+        chain = P - w.levels
+        on_main = alive & (cur == w.main[w.levels]) & (chain > 0)
+        leaf = alive & ~on_main  # a walk that left the main path ends with the tree: a bonus draw there
+        root = torch.where(leaf, self.draw(p[img, cur][:, None], draws[:, w.levels: w.levels + 1])[:, 0], root)
+        if chain > 0:
+            along, x, q = p[:, w.main[w.levels: P]], self.candidates[:, w.levels:, 0], self.q[:, w.levels:]
+            ok = self.test(along, x, q, tests[:, w.levels:, 0])
+            m = ok.long().cumprod(1).sum(1)
+            ends = torch.cat([self.residual_draw(along, q, draws[:, w.levels: P]),
+                              self.draw(p[:, w.main[P:]], draws[:, P:])], 1)  # the rejection's, or a bonus
+            root = torch.where(on_main, ends.gather(1, m[:, None])[:, 0], root)
+            accepted += torch.where(on_main, m, 0)
+        return path, accepted, root
+
+    @staticmethod
+    def reject(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the next candidate faces after ``x`` was rejected: ``p``'s normalised residual, and ``q`` without
+        ``x`` (the candidates are drawn without replacement), renormalised."""
+        return _normalised((p - q).clamp(min=0), p), _normalised(q.scatter(1, x[:, None], 0.0), q)
+
+    def test(self, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Whether each draft ``x [n, T]``, drawn from ``q [n, T, V]``, passes its test against ``p [n, T, V]``."""
         if self.d.proc.greedy:
             best = p.argmax(-1)
             return self.in_group(p, x, best) if self.grouped else x == best
-        mass_p, mass_q = p.gather(-1, x[..., None]).squeeze(-1), self.q.gather(-1, x[..., None]).squeeze(-1)
         if self.grouped:
-            mass_p, mass_q = self.group_mass(p, x)
+            mass_p, mass_q = self.group_mass(p, q, x)
+        else:
+            mass_p, mass_q = p.gather(-1, x[..., None]).squeeze(-1), q.gather(-1, x[..., None]).squeeze(-1)
         return u * mass_q < mass_p
 
+    def continued(self, along: torch.Tensor, u: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+        """SJD-PAC's outcome at every position ``[n, P + 1]``: the first candidate where it passes its test against
+        the main path's output, else a residual draw; past the window a fresh draw."""
+        P = self.window.positions
+        x = self.candidates[:, :, 0]
+        ok = self.test(along[:, :P], x, self.q, u)
+        kept = torch.where(ok, x, self.residual_draw(along[:, :P], self.q, draws[:, :P]))
+        return torch.cat([kept, self.draw(along[:, P:], draws[:, P:])], 1)
+
     def group(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """GSD's group of each draft, beside the draft itself: ``(codes [n, L-1, g], member [n, L-1, g])``, the codes
-        ranked around ``x`` by ``p`` and whether each is close enough to ``x`` in probability and latent space."""
+        """GSD's group of each draft, beside the draft itself: ``(codes [..., g], member [..., g])``, the codes ranked
+        around ``x`` by ``p`` and whether each is close enough to ``x`` in probability and latent space."""
         opts, vocab = self.opts, p.shape[-1]
         g = opts.gsd_group_size
         order = p.argsort(-1, descending=True)
@@ -122,18 +233,18 @@ class Jacobi:
         at = rank + torch.arange(-(g // 2), g - g // 2, device=p.device)
         codes = order.gather(-1, at.clamp(0, vocab - 1))
         distance = (self.latent[codes] - self.latent[x][..., None, :]).pow(2).sum(-1)
-        member = ((at >= 0) & (at < vocab) & (codes != x[..., None]) & ((p.gather(-1, codes) - px).abs()
-                  < opts.gsd_prob_gap) & (distance < opts.gsd_distance))
+        member = ((at >= 0) & (at < vocab) & (codes != x[..., None])
+                  & ((p.gather(-1, codes) - px).abs() < opts.gsd_prob_gap) & (distance < opts.gsd_distance))
         return codes, member
 
-    def group_mass(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def group_mass(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         codes, member = self.group(p, x)
 
         def mass(dist):
             own = dist.gather(-1, x[..., None]).squeeze(-1)
             return own + torch.where(member, dist.gather(-1, codes), 0.0).sum(-1)
 
-        return mass(p), mass(self.q)
+        return mass(p), mass(q)
 
     def in_group(self, p: torch.Tensor, x: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
         codes, member = self.group(p, x)
@@ -146,32 +257,45 @@ class Jacobi:
         n, t, vocab = p.shape
         return inverse_cdf(p.reshape(n * t, vocab), u.reshape(-1)).view(n, t)
 
-    def residual_draw(self, p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """A draw from ``max(p - q, 0)`` (normalised) at every draft position: what a rejection commits."""
+    def residual_draw(self, p: torch.Tensor, q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """A draw from ``max(p - q, 0)`` (normalised) at every position: what a rejection commits."""
         if self.d.proc.greedy:
             return p.argmax(-1)
-        residual = (p - self.q).clamp(min=0)
-        residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
-        return self.draw(residual, u)
+        return self.draw(_normalised((p - q).clamp(min=0), p), u)
 
-    def refresh(self, active: torch.Tensor, m: torch.Tensor, carry: torch.Tensor, p: torch.Tensor | None,
-                u: torch.Tensor) -> None:
-        """The next window after ``m`` accepted drafts: draft k (stream index ``count + k``, with ``count`` already
-        advanced) is ``carry`` at output ``m + k`` with ``q := p`` there while the forward reached it, else a random
-        code with a uniform ``q``; the family's forced tokens are placed, with a one-hot ``q``."""
-        d, L = self.d, self.L
+    def refresh(self, active: torch.Tensor, accepted: torch.Tensor, carry: torch.Tensor | None,
+                along: torch.Tensor | None, siblings: torch.Tensor, refills: torch.Tensor) -> None:
+        """The next window after ``accepted`` drafts. Position k (stream index ``count + k``, ``count`` already
+        advanced) was position ``accepted + 1 + k`` of this window: its first candidate is ``carry`` there, with
+        ``q :=`` the main path's distribution, while the forward reached it, else a random code with a uniform
+        ``q``; the tree's other candidates are drawn from ``q`` without replacement; forced tokens are placed with a
+        one-hot ``q``."""
+        d, w = self.d, self.window
         vocab = self.q.shape[-1]
-        j = m[:, None] + torch.arange(1, L, device=d.dev)
-        inside = j < L
-        tokens = (u * vocab).long().clamp(max=vocab - 1)
+        P = w.positions
+        first = (refills * vocab).long().clamp(max=vocab - 1)
         q = torch.full_like(self.q, 1.0 / vocab)
-        if p is not None:
-            jj = j.clamp(max=L - 1)
-            tokens = torch.where(inside, carry.gather(1, jj), tokens)
-            q = torch.where(inside[..., None], p.gather(1, jj[..., None].expand(-1, -1, vocab)), q)
+        if carry is not None:
+            j = accepted[:, None] + torch.arange(1, P + 1, device=d.dev)  # index of the old position - 1
+            inside, jj = j <= P, j.clamp(max=P)
+            first = torch.where(inside, carry.gather(1, jj), first)
+            q = torch.where(inside[..., None], along.gather(1, jj[..., None].expand(-1, -1, vocab)), q)
+        candidates = first[..., None].repeat(1, 1, w.width)
+        for c in range(w.levels):
+            left = q[:, c].scatter(1, first[:, c, None], 0.0)
+            for b in range(1, w.width):
+                pick = self.draw(_normalised(left, q[:, c])[:, None], siblings[:, c, b - 1: b])[:, 0]
+                candidates[:, c, b] = pick
+                left = left.scatter(1, pick[:, None], 0.0)
         if d.forced is not None:
-            forced = d.forced[(d.count[:, None] + 1 + torch.arange(L - 1, device=d.dev)).clamp(max=len(d.forced) - 1)]
-            tokens = torch.where(forced >= 0, forced, tokens)
+            forced = d.forced[(d.count[:, None] + 1 + torch.arange(P, device=d.dev)).clamp(max=len(d.forced) - 1)]
+            candidates = torch.where((forced >= 0)[..., None], forced[..., None], candidates)
             q = torch.where((forced >= 0)[..., None], F.one_hot(forced.clamp(min=0), vocab).to(q.dtype), q)
-        self.drafts.copy_(torch.where(active[:, None], tokens, self.drafts))
+        self.candidates.copy_(torch.where(active[:, None, None], candidates, self.candidates))
         self.q.copy_(torch.where(active[:, None, None], q, self.q))
+
+
+def _normalised(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """``weights`` over the last axis normalised to 1; where they are all zero, ``fallback``."""
+    total = weights.sum(-1, keepdim=True)
+    return torch.where(total > 0, weights / total.clamp_min(1e-30), fallback)

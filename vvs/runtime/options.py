@@ -123,8 +123,8 @@ class DecodeOptions(OptionsBase):
     skip_warmup_tokens: int = 5  # never skip before more than this many image tokens exist
     # drafter-free speculative Jacobi decoding (modes "sjd", "sjd-pac", "gsd")
     window: int = 0  # tokens per window forward, the committed root included; 0 = the mode's published length
-    pac_tree_width: int = 3  # SJD-PAC proactive drafting: candidates per node of the tree after a rejection
-    pac_tree_depth: int = 3  # SJD-PAC: levels of that tree (0 = no tree: adaptive continuation alone)
+    pac_tree_width: int = 3  # SJD-PAC proactive drafting: candidates per position in the window's leading tree
+    pac_tree_depth: int = 3  # SJD-PAC: that tree's depth, root included, as the paper counts (1: a plain chain)
     gsd_group_size: int = 14  # GSD: codes ranked around the draft (-g/2 .. g/2 - 1) that may join its group
     gsd_prob_gap: float = 0.15  # GSD: a group member's probability is within this of the draft's
     gsd_distance: float = 0.5  # GSD: squared distance of unit latent vectors below which codes are equivalent
@@ -171,8 +171,11 @@ class DecodeOptions(OptionsBase):
             bad("window", "must be >= 2 (the root plus at least one draft), or 0 for the mode's published length")
         if self.pac_tree_width < 1:
             bad("pac_tree_width", "must be >= 1")
-        if self.pac_tree_depth < 0:
-            bad("pac_tree_depth", "must be >= 0 (0 drafts no tree)")
+        if self.pac_tree_depth < 1:
+            bad("pac_tree_depth", "must be >= 1 (the root counts; 1 drafts no tree)")
+        if self.mode == "sjd-pac" and self.pac_tree_nodes >= self.window_length:
+            bad("window", f"must exceed the {self.pac_tree_nodes} nodes of SJD-PAC's tree (pac_tree_width="
+                          f"{self.pac_tree_width}, pac_tree_depth={self.pac_tree_depth}); raise it or shrink the tree")
         if self.gsd_group_size < 1:
             bad("gsd_group_size", "must be >= 1 (1: the draft alone, as SJD)")
         if not 0 <= self.gsd_prob_gap <= 1:
@@ -213,6 +216,11 @@ class DecodeOptions(OptionsBase):
     def jacobi(self) -> bool:
         """A drafter-free window mode (:mod:`vvs.runtime.jacobi`)."""
         return self.mode in WINDOW_MODES
+
+    @property
+    def pac_tree_nodes(self) -> int:
+        """Nodes of SJD-PAC's tree, root included: 1 + K + ... + K^(D-1)."""
+        return sum(self.pac_tree_width ** level for level in range(self.pac_tree_depth))
 
     @property
     def window_length(self) -> int:
