@@ -18,7 +18,7 @@ from vvs.runtime.options import OptionsError
                help="Run decoding modes side by side on the same classes and seeds (interleaved, warm-up "
                     "excluded): TPF, forwards, skips, seconds per image and speed-up vs ar from the same run, and "
                     "for the shipped model class accuracy, domain FID and NLL with AR's seed-to-seed spread. "
-                    "The default run decodes 240 images (5 modes x 16 images x 3 seed sets): about 10 minutes on 2 "
+                    "The default run decodes 384 images (8 modes x 16 images x 3 seed sets): about 15 minutes on 2 "
                     "CPU cores with the shipped model; --num-images 4 --num-seeds 1 for a quick look. "
                     "Writes results.json, table.md, pareto.png and sample grids. --tune picks the tree and skip "
                     "interval fastest on this machine and stores them as the engine folder's defaults.")
@@ -35,7 +35,8 @@ from vvs.runtime.options import OptionsError
 @click.option("--batch-size", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Images decoded together (1 = latency).")
 @click.option("--sweep", multiple=True, help="KEY=V1,V2 (skip_interval, sim_threshold, delta, lantern_k, tree_size, "
-                                             "depth, draft_top_k; MAR: num_iter, draft_steps, accept_rule); "
+                                             "depth, draft_top_k, window, pac_tree_width, pac_tree_depth; MAR: "
+                                             "num_iter, draft_steps, accept_rule); "
                                              "repeatable, one key at a time.")
 @with_decoding_options
 @click.option("--threads", type=click.IntRange(1, 1024), default=None, help="CPU threads for the backend.")
