@@ -4,7 +4,9 @@ wheels named in docs/performance.md). Prints a short table and writes gpu_check.
 1. the tests marked ``gpu`` (CUDA-graph replay == eager, per graph, per captured speculative cycle and for whole
    decodes; at most one synchronising call per cycle);
 2. per-step latency, eager vs CUDA graphs: the draft_tree call and verify at every bucket, and the AR step;
-3. end-to-end seconds per image for ar, sd, lantern, vvs, eager vs graphs (speculative cycles captured whole);
+3. end-to-end seconds per image for ar, sd, lantern, vvs and the drafter-free sjd, sjd-pac and gsd (their
+   papers' windows: 16, 64, 16 tokens), eager vs graphs (speculative cycles captured whole, the window modes'
+   verify forward replayed at its window bucket);
 for the shipped model and for it inflated to GPT-B (fp32) and GPT-XL (fp16) size — the scale benchmark: official
 per-call costs with the shipped pair's acceptance (:mod:`vvs.families.llamagen.inflate`; the vocabulary stays 1024 codes).
 
@@ -37,7 +39,7 @@ from vvs.runtime.cache import KVCache  # noqa: E402
 from vvs.runtime.options import DecodeOptions  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402
 
-MODES = ("ar", "sd", "lantern", "vvs")
+MODES = ("ar", "sd", "lantern", "vvs", "sjd", "sjd-pac", "gsd")
 
 
 def median_ms(fn, repeats: int = 30) -> float:

@@ -49,6 +49,9 @@ def test_run_writes_images_grid_stats_and_tokens(tiny_folder, tmp_path, capsys, 
     (["--tree-size", "-1"], "option --tree-size -1"),
     (["--mode", "fast"], "option --mode 'fast': unknown; choose from ar, sd, lantern, vvs, vvs-uniform, vvs-dynamic"),
     (["--bogus"], "No such option '--bogus'"),
+    (["--mode", "sjd", "--window", "1"], "option --window 1: must be >= 2 (the root plus at least one draft)"),
+    (["--mode", "sjd-pac", "--window", "8"], "option --window 8: must exceed the 13 nodes of SJD-PAC's tree"),
+    (["--mode", "gsd", "--gsd-prob-gap", "2"], "option --gsd-prob-gap 2.0: must be a probability difference"),
 ])
 def test_run_bad_arguments(tiny_folder, tmp_path, capsys, monkeypatch, args, message):
     code, _, err = run_cli(run_main, ["--engine", tiny_folder, "--out", tmp_path / "o", *args], capsys, monkeypatch)

@@ -110,3 +110,40 @@ def test_the_window_is_a_tree_then_a_chain():
     assert w.sibling[4:13].tolist() == [0, 1, 2] * 3
     assert w.child[2].tolist() == [7, 8, 9] and w.child[5].tolist() == [-1, -1, -1]
     assert w.ancestors[15].nonzero().flatten().tolist() == [0, 1, 4, 13, 14, 15]
+
+
+def test_a_folder_without_a_drafter_runs_the_window_modes(bundle_factory, tmp_path):
+    """Exported without a drafter: no draft_tree graph and no drafter weights; ONNX Runtime and torch open it, ar
+    and the window modes run (greedy tokens equal across backends), and a drafter mode is one clear error."""
+    from vvs.engines import load_engines
+    from vvs.families.llamagen.bundle import ModelBundle
+    from vvs.families.llamagen.exporter import export_folder
+    from vvs.runtime.options import OptionsError
+    from vvs.runtime.pipeline import Pipeline
+
+    b = bundle_factory()
+    manifest = export_folder(ModelBundle(b.target, None, b.vq), tmp_path / "f", decoding_defaults=dict(mode="vvs"),
+                             progress=False)
+    assert "draft_tree" not in manifest["graphs"] and "drafter" not in manifest["model"]
+    assert manifest["decoding_defaults"]["mode"] == "sjd-pac"  # the best exact mode that needs no drafter
+    assert not any("drafter" in name for name in manifest["files"])
+    tokens = {}
+    for backend in ("onnxruntime", "torch"):
+        pipe = Pipeline(load_engines(tmp_path / "f", backend, threads=1))
+        for mode, options in [("ar", {}), ("sjd", dict(window=6)), ("sjd-pac", WINDOWS["sjd-pac"]), ("gsd", {})]:
+            gen = pipe.generate(torch.tensor([1, 4]), mode=mode, seed=0, temperature=0.0, cfg_scale=2.0,
+                                decode_images=False, **options)
+            tokens.setdefault(mode, []).append(gen.tokens)
+        with pytest.raises(OptionsError, match="this engine folder has no drafter; it runs ar, sjd, sjd-pac and gsd"):
+            pipe.generate([1], mode="sd")
+        pipe.close()
+    for mode, (onnx, eager) in tokens.items():
+        assert torch.equal(onnx, eager) and torch.equal(onnx, tokens["ar"][0]), mode
+
+
+def test_the_released_tree_walk_fails_it(pipe):
+    """``pac_rule="official"`` reproduces SJD-PAC's released tree walk (longest accepted path, the other candidates
+    drawn from the residual): lossy, with the paper's tree (K = 3, D = 3) in a 16-token window."""
+    _, (joint, _) = fit(pipe, "sjd-pac", SETTINGS["plain"], window=16, pac_tree_width=3, pac_tree_depth=3,
+                        pac_rule="official")
+    assert joint < FAIL

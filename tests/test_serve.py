@@ -53,12 +53,12 @@ def _pixels(image) -> np.ndarray:
 
 
 REQUESTS = [([1, 2], 0, "vvs"), ([3], 10, "sd"), ([4, 5, 6], 20, "vvs"), ([7], 30, "ar"), ([8, 9], 40, "lantern"),
-            ([0, 0], 50, "vvs")]
+            ([0, 0], 50, "vvs"), ([2, 6], 60, "sjd"), ([5], 70, "sjd-pac"), ([1, 8], 80, "gsd")]
 
 
 def test_concurrent_clients_get_the_images_they_would_get_alone(server, local):
     client = Client(server, timeout=120)
-    opts = dict(temperature=1.0, cfg_scale=2.0, skip_interval=2)
+    opts = dict(temperature=1.0, cfg_scale=2.0, skip_interval=2, window=8, pac_tree_width=2, pac_tree_depth=2)
     with ThreadPoolExecutor(max_workers=len(REQUESTS)) as pool:
         results = list(pool.map(lambda r: client.generate(r[0], mode=r[2], seed=r[1], **opts), REQUESTS))
     for (classes, seed, mode), result in zip(REQUESTS, results):
@@ -67,7 +67,10 @@ def test_concurrent_clients_get_the_images_they_would_get_alone(server, local):
         for got, want in zip(result.images, alone.pil_images()):
             assert np.array_equal(_pixels(got), _pixels(want))
         assert [s["target_forwards"] for s in result.stats] == [s.target_forwards for s in alone.stats]
-    assert client.model()["max_images"] == MAX_IMAGES
+    model = client.model()
+    assert model["max_images"] == MAX_IMAGES
+    assert model["modes"] == [{"name": m, "exact": m in ("ar", "sd", "sjd", "sjd-pac")}
+                              for m in ("ar", "sd", "lantern", "vvs", "sjd", "sjd-pac", "gsd")]
 
 
 def _post(url: str, body: bytes, content_type: str = "application/json", method: str = "POST") -> tuple[int, dict]:
@@ -270,8 +273,8 @@ def test_the_page_shows_ar_and_vvs_side_by_side_in_a_real_browser(server, local)
 
 
 def test_the_page_takes_a_prompt_in_a_real_browser(t2i_server, text_folder):
-    """The page of a text-conditional folder (under a route prefix): type a prompt, pick sd as well, generate; the
-    three images are the API's for that prompt and seed."""
+    """The page of a text-conditional folder (under a route prefix): type a prompt, pick sd and sjd-pac as well,
+    generate; the four images are the API's for that prompt and seed."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -285,10 +288,11 @@ def test_the_page_takes_a_prompt_in_a_real_browser(t2i_server, text_folder):
         prompt.clear()
         prompt.send_keys("a red bird on a branch")
         browser.find_element(By.CSS_SELECTOR, "input[value=sd]").click()
+        browser.find_element(By.CSS_SELECTOR, "input[value=sjd-pac]").click()  # the picker lists every mode
         browser.find_element(By.ID, "generate").click()
         wait.until(lambda b: "Done" in b.find_element(By.ID, "status").text)
         figures = browser.find_elements(By.CSS_SELECTOR, "#results figure")
-        assert [f.get_attribute("data-mode") for f in figures] == ["ar", "sd", "vvs"]
+        assert [f.get_attribute("data-mode") for f in figures] == ["ar", "sd", "vvs", "sjd-pac"]
         pipe = Pipeline(load_engines(text_folder, "onnxruntime", threads=1))
         for figure in figures:
             alone = pipe.generate(["a red bird on a branch"], mode=figure.get_attribute("data-mode"), seed=0)

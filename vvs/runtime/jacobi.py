@@ -24,9 +24,13 @@ SJD-PAC (arXiv 2603.18599) adds two things, both kept exact here:
   at a position holding that position's candidates as children. The walk tries a node's children in order,
   recursive rejection sampling for drafts drawn without replacement (after a rejected ``x``: ``p`` becomes its
   normalised residual ``max(p - q, 0)``, ``q`` loses ``x`` and is renormalised); the first accepted child is
-  taken. Past the tree, a chain continues the first candidate's path ("the main path"). The released code takes
-  the longest accepted path and draws the other candidates from the residual; both change the distribution, as
-  a simulation of its sampler shows, so vvs does not do either.
+  taken. Past the tree, a chain continues the first candidate's path ("the main path").
+
+``pac_rule="official"`` walks the tree as SJD-PAC's released code does, to compare with the paper: every node is
+tested as if its earlier siblings had been rejected, the longest accepted path is taken, and the other candidates
+are drawn from the first one's residual, with replacement. A later sibling then wins only because its subtree went
+deeper, and the candidates are not the draws the test assumes, so this rule changes the distribution (the PIT test
+fails it); the default rule is exact.
 
 GSD (arXiv 2508.07747) accepts ``x`` with probability ``min(1, p(G) / q(G))`` over a group ``G`` of
 near-equivalent codes: those the target ranks next to ``x``, within ``gsd_prob_gap`` of its probability and close
@@ -82,10 +86,19 @@ class WindowLayout:
             ancestors[i] |= ancestors[parent[i]]
         self.child = child.to(device)
         self.ancestors = ancestors.to(device)
+        rows = []  # the tree's root-to-leaf paths, the main path first (breadth-first order puts it there)
+        for leaf in (i for i in range(length) if column[i] == levels):
+            nodes = [leaf]
+            while parent[nodes[0]] >= 0:
+                nodes.insert(0, parent[nodes[0]])
+            rows.append(nodes)
+        self.rows = torch.tensor(rows, device=device)  # [K^levels, levels + 1]
+        self.level_nodes = [[i for i in range(length) if column[i] == c] for c in range(levels)]
 
 
 class Jacobi:
-    """The window loop; ``d.opts.mode`` is ``"sjd"``, ``"sjd-pac"`` or ``"gsd"``."""
+    """The window loop; ``d.opts.mode`` is ``"sjd"``, ``"sjd-pac"`` or ``"gsd"`` (greedy SJD-PAC walks its tree the
+    same way under either rule: the rules differ in how they sample)."""
 
     def __init__(self, d: Decoding):
         self._setup(d)
@@ -93,10 +106,10 @@ class Jacobi:
         self.candidates = torch.zeros(d.n, w.positions, w.width, dtype=torch.long, device=d.dev)
         self.q = torch.zeros(d.n, w.positions, d.cfg.vocab_size, device=d.dev)  # what each position's drafts came from
         d.prefill()
-        outside = torch.full((d.n,), w.positions + 1, dtype=torch.long, device=d.dev)
+        outside = torch.full((d.n,), w.positions + 1, dtype=torch.long, device=d.dev)  # nothing carried: all random
         u = d.random.uniform(w.positions * w.width)
-        self.refresh(d.active, outside, None, None, u[:, : w.positions * (w.width - 1)].view(d.n, w.positions, -1),
-                     u[:, w.positions * (w.width - 1):])
+        siblings = u[:, : w.positions * (w.width - 1)].view(d.n, w.positions, w.width - 1)
+        self.refresh(d.active, outside, None, None, siblings, u[:, w.positions * (w.width - 1):])
         self.plan = self.read()
 
     def _setup(self, d: Decoding) -> None:
@@ -104,6 +117,7 @@ class Jacobi:
         self.d, self.opts = d, opts
         self.continues = opts.mode == "sjd-pac"
         self.grouped = opts.mode == "gsd"
+        self.official = self.continues and opts.pac_rule == "official"
         width, depth = (opts.pac_tree_width, opts.pac_tree_depth) if self.continues else (1, 1)
         if width == 1 or depth == 1:  # a plain chain
             width, depth = 1, 1
@@ -152,11 +166,31 @@ class Jacobi:
         self.plan = self.read()
 
     def walk(self, p: torch.Tensor, tests: torch.Tensor, draws: torch.Tensor):
-        """From the root: recursive rejection over the tree's candidates, then the chain test along the main path.
-        Returns ``(path [n, P + 1]`` nodes of the committed tokens, ``accepted [n]`` drafts, ``root [n])``."""
+        """From the root: the tree's candidates, then the chain test along the main path. Returns ``(path [n, P + 1]``
+        nodes of the committed tokens, ``accepted [n]`` drafts, ``root [n])``."""
         d, w = self.d, self.window
         P, img = w.positions, torch.arange(d.n, device=d.dev)
-        greedy = d.proc.greedy
+        tree = self.tree_official if self.official and not d.proc.greedy else self.tree_walk
+        path, cur, alive, accepted, root = tree(p, tests, draws)
+        chain = P - w.levels
+        on_main = alive & (cur == w.main[w.levels]) & (chain > 0)
+        leaf = alive & ~on_main  # a walk that left the main path ends with the tree: a bonus draw there
+        root = torch.where(leaf, self.draw(p[img, cur][:, None], draws[:, w.levels: w.levels + 1])[:, 0], root)
+        if chain > 0:
+            along, x, q = p[:, w.main[w.levels: P]], self.candidates[:, w.levels:, 0], self.q[:, w.levels:]
+            ok = self.test(along, x, q, tests[:, w.levels:, 0])
+            m = ok.long().cumprod(1).sum(1)
+            ends = torch.cat([self.residual_draw(along, q, draws[:, w.levels: P]),
+                              self.draw(p[:, w.main[P:]], draws[:, P:])], 1)  # the rejection's, or a bonus
+            root = torch.where(on_main, ends.gather(1, m[:, None])[:, 0], root)
+            accepted += torch.where(on_main, m, 0)
+        return path, accepted, root
+
+    def tree_walk(self, p: torch.Tensor, tests: torch.Tensor, draws: torch.Tensor):
+        """Recursive rejection over the tree's candidates, level by level: the first accepted child is taken.
+        Returns ``(path, node reached, still going, accepted drafts, root where it stopped)``."""
+        d, w = self.d, self.window
+        img, greedy = torch.arange(d.n, device=d.dev), d.proc.greedy
         path = w.main.expand(d.n, -1).clone()
         cur = torch.zeros(d.n, dtype=torch.long, device=d.dev)
         alive = torch.ones(d.n, dtype=torch.bool, device=d.dev)
@@ -182,19 +216,36 @@ class Jacobi:
             cur = torch.where(alive & taken, nxt, cur)
             path[:, c] = cur
             alive &= taken
-        chain = P - w.levels
-        on_main = alive & (cur == w.main[w.levels]) & (chain > 0)
-        leaf = alive & ~on_main  # a walk that left the main path ends with the tree: a bonus draw there
-        root = torch.where(leaf, self.draw(p[img, cur][:, None], draws[:, w.levels: w.levels + 1])[:, 0], root)
-        if chain > 0:
-            along, x, q = p[:, w.main[w.levels: P]], self.candidates[:, w.levels:, 0], self.q[:, w.levels:]
-            ok = self.test(along, x, q, tests[:, w.levels:, 0])
-            m = ok.long().cumprod(1).sum(1)
-            ends = torch.cat([self.residual_draw(along, q, draws[:, w.levels: P]),
-                              self.draw(p[:, w.main[P:]], draws[:, P:])], 1)  # the rejection's, or a bonus
-            root = torch.where(on_main, ends.gather(1, m[:, None])[:, 0], root)
-            accepted += torch.where(on_main, m, 0)
-        return path, accepted, root
+        return path, cur, alive, accepted, root
+
+    def tree_official(self, p: torch.Tensor, tests: torch.Tensor, draws: torch.Tensor):
+        """The released code's walk: every child tested against its parent's residual after its earlier siblings,
+        whether they were accepted or not, and the longest accepted root-to-leaf path taken (the main path on a
+        tie). Same returns as :meth:`tree_walk`."""
+        d, w = self.d, self.window
+        ok = torch.ones(d.n, w.length, dtype=torch.bool, device=d.dev)
+        residual = {}  # per parent node: what is left of its distribution after all its children
+        for c in range(1, w.levels + 1):
+            q0 = self.q[:, c - 1]
+            for parent in w.level_nodes[c - 1]:
+                target, q = p[:, parent], q0
+                for b in range(w.width):
+                    x = self.candidates[:, c - 1, b]
+                    px, qx = target.gather(1, x[:, None])[:, 0], q.gather(1, x[:, None])[:, 0]
+                    ok[:, w.child[parent, b]] = tests[:, c - 1, b] * qx < px
+                    target, q = self.reject(target, q, x)
+                residual[parent] = target
+        lengths = ok[:, w.rows[:, 1:]].long().cumprod(-1).sum(-1)  # [n, rows]
+        best = lengths.argmax(-1)  # the first longest: the main path wins ties
+        accepted = lengths.gather(1, best[:, None])[:, 0]
+        path = w.main.expand(d.n, -1).clone()
+        path[:, : w.levels + 1] = w.rows[best]
+        cur = path.gather(1, accepted[:, None])[:, 0]
+        left = p.clone()
+        for node, dist in residual.items():
+            left[:, node] = dist
+        root = self.draw(left[torch.arange(d.n, device=d.dev), cur][:, None], draws.gather(1, accepted[:, None]))[:, 0]
+        return path, cur, accepted == w.levels, accepted, root
 
     @staticmethod
     def reject(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,12 +332,22 @@ class Jacobi:
             first = torch.where(inside, carry.gather(1, jj), first)
             q = torch.where(inside[..., None], along.gather(1, jj[..., None].expand(-1, -1, vocab)), q)
         candidates = first[..., None].repeat(1, 1, w.width)
+        others = None
+        if self.official:  # the released code: from the old draft's residual where one was tested, with replacement
+            others = q
+            if carry is not None:
+                old = self.q.gather(1, jj.clamp(max=P - 1)[..., None].expand(-1, -1, vocab))
+                others = torch.where((inside & (j < P))[..., None], _normalised((q - old).clamp(min=0), q), q)
         for c in range(w.levels):
             left = q[:, c].scatter(1, first[:, c, None], 0.0)
             for b in range(1, w.width):
-                pick = self.draw(_normalised(left, q[:, c])[:, None], siblings[:, c, b - 1: b])[:, 0]
+                u = siblings[:, c, b - 1: b]
+                if others is None:  # without replacement from q
+                    pick = self.draw(_normalised(left, q[:, c])[:, None], u)[:, 0]
+                    left = left.scatter(1, pick[:, None], 0.0)
+                else:
+                    pick = self.draw(others[:, c, None], u)[:, 0]
                 candidates[:, c, b] = pick
-                left = left.scatter(1, pick[:, None], 0.0)
         if d.forced is not None:
             forced = d.forced[(d.count[:, None] + 1 + torch.arange(P, device=d.dev)).clamp(max=len(d.forced) - 1)]
             candidates = torch.where((forced >= 0)[..., None], forced[..., None], candidates)

@@ -18,6 +18,7 @@ MODES = ("ar", "sd", "lantern", "vvs", "sjd", "sjd-pac", "gsd")
 # their papers publish (SJD and GSD: 16 tokens per forward; SJD-PAC: 64)
 WINDOW_MODES = {"sjd": 16, "sjd-pac": 64, "gsd": 16}
 EXACT_MODES = ("ar", "sd", "sjd", "sjd-pac")  # they sample the target's distribution; the others change it
+PAC_RULES = ("exact", "official")  # SJD-PAC's tree walk: vvs.runtime.jacobi describes both
 MAX_CFG_SCALE = 1000.0
 CFG_RANGE = (f"must be in [0, {MAX_CFG_SCALE:g}] (1 or less disables classifier-free guidance; larger scales drive the "
              "mixed logits out of floating-point range)")
@@ -32,6 +33,7 @@ MODE_NAMES = {
     "vvs-dynamic": {"mode": "vvs", "skip_policy": "dynamic"},
     "sjd": {"mode": "sjd"},
     "sjd-pac": {"mode": "sjd-pac"},
+    "sjd-pac-official": {"mode": "sjd-pac", "pac_rule": "official"},
     "gsd": {"mode": "gsd"},
 }
 
@@ -125,6 +127,7 @@ class DecodeOptions(OptionsBase):
     window: int = 0  # tokens per window forward, the committed root included; 0 = the mode's published length
     pac_tree_width: int = 3  # SJD-PAC proactive drafting: candidates per position in the window's leading tree
     pac_tree_depth: int = 3  # SJD-PAC: that tree's depth, root included, as the paper counts (1: a plain chain)
+    pac_rule: str = "exact"  # SJD-PAC: "official" reproduces the released code's tree walk, which is lossy
     gsd_group_size: int = 14  # GSD: codes ranked around the draft (-g/2 .. g/2 - 1) that may join its group
     gsd_prob_gap: float = 0.15  # GSD: a group member's probability is within this of the draft's
     gsd_distance: float = 0.5  # GSD: squared distance of unit latent vectors below which codes are equivalent
@@ -171,6 +174,8 @@ class DecodeOptions(OptionsBase):
             bad("window", "must be >= 2 (the root plus at least one draft), or 0 for the mode's published length")
         if self.pac_tree_width < 1:
             bad("pac_tree_width", "must be >= 1")
+        if self.pac_rule not in PAC_RULES:
+            bad("pac_rule", f"choose one of {', '.join(PAC_RULES)}")
         if self.pac_tree_depth < 1:
             bad("pac_tree_depth", "must be >= 1 (the root counts; 1 drafts no tree)")
         if self.mode == "sjd-pac" and self.pac_tree_nodes >= self.window_length:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from vvs.families.base import DecodingFlag, Family
-from vvs.runtime.options import MODE_NAMES, SKIP_POLICIES, DecodeOptions
+from vvs.runtime.options import MODE_NAMES, PAC_RULES, SKIP_POLICIES, DecodeOptions
 
 SCALE_SIZES = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XXL", "GPT-XXXL", "GPT-1B", "GPT-3B", "GPT-7B")
 M = "vvs.families.llamagen"
@@ -20,7 +20,8 @@ FAMILY = Family(
     mode_help="ar, sd, sjd and sjd-pac sample the target's distribution exactly; lantern, vvs and gsd change it by "
               "design, vvs committing a skipped cycle's drafts unverified, gsd accepting a draft for its group of "
               "near-equivalent codes; vvs-uniform and vvs-dynamic name VVS's skip schedule; sjd, sjd-pac and gsd "
-              "need no drafter (speculative Jacobi decoding over a window of --window tokens)",
+              "need no drafter (speculative Jacobi decoding over a window of --window tokens); sjd-pac-official "
+              "walks SJD-PAC's tree as its released code does, which changes the distribution",
     manifest_schema={"required": ["max_draft_top_k", "tables"],
                      "properties": {"model": {"required": ["vq"]}}},
     model_configs={"target": (f"{M}.gpt:GPTConfig", ("num_image_tokens", "head_dim")),
@@ -68,8 +69,10 @@ FAMILY = Family(
         DecodingFlag("--lantern-delta", "lantern_delta", float, "LANTERN: total-variation budget δ."),
         DecodingFlag("--window", "window", int,
                      "sjd, sjd-pac, gsd: tokens per window forward, root included (0: the paper's, 16 or 64)."),
-        DecodingFlag("--pac-tree-width", "pac_tree_width", int, "sjd-pac: candidates per node after a rejection."),
-        DecodingFlag("--pac-tree-depth", "pac_tree_depth", int, "sjd-pac: levels of that tree (0: none)."),
+        DecodingFlag("--pac-tree-width", "pac_tree_width", int, "sjd-pac: candidates per position of its tree."),
+        DecodingFlag("--pac-tree-depth", "pac_tree_depth", int, "sjd-pac: that tree's depth, root included (1: none)."),
+        DecodingFlag("--pac-rule", "pac_rule", click.Choice(PAC_RULES),
+                     "sjd-pac: exact, or official (the released code's tree walk: lossy)."),
         DecodingFlag("--gsd-group-size", "gsd_group_size", int, "gsd: codes ranked around a draft that may group."),
         DecodingFlag("--gsd-prob-gap", "gsd_prob_gap", float, "gsd: largest probability gap within a group."),
         DecodingFlag("--gsd-distance", "gsd_distance", float, "gsd: largest squared latent distance in a group."),
