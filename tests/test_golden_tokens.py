@@ -119,8 +119,9 @@ def test_a_manifest_written_before_the_move_still_reads(name, tmp_path):
     shutil.copy(OLD / name / "manifest.json", tmp_path / "manifest.json")
     manifest = read_manifest(tmp_path)
     assert family_of(manifest).name == name
-    assert family_of(manifest).options.from_dict(manifest["decoding_defaults"]).to_dict() == \
-        manifest["decoding_defaults"]
+    parsed = family_of(manifest).options.from_dict(manifest["decoding_defaults"]).to_dict()
+    # every stored value is kept; options added since then take their defaults
+    assert {k: parsed[k] for k in manifest["decoding_defaults"]} == manifest["decoding_defaults"]
 
 
 def test_old_folders_decode_as_they_did(tiny_folder):
@@ -139,8 +140,10 @@ def test_old_folders_decode_as_they_did(tiny_folder):
 
     old = json.loads((OLD / "llamagen" / "manifest.json").read_text())
     new = json.loads((tiny_folder / "manifest.json").read_text())
-    assert {k: v for k, v in old.items() if k not in ("files", "versions")} == \
-        {k: v for k, v in new.items() if k not in ("files", "versions")}
+    left_out = ("files", "versions", "decoding_defaults")
+    assert {k: v for k, v in old.items() if k not in left_out} == {k: v for k, v in new.items() if k not in left_out}
+    # every old default as it was; the window modes' options added since then take their defaults
+    assert {k: new["decoding_defaults"][k] for k in old["decoding_defaults"]} == old["decoding_defaults"]
     want = load_file(OLD / "tokens.safetensors")
     pipe = Pipeline(load_engines(tiny_folder, "onnxruntime"))
     for mode in ("ar", "sd", "vvs"):

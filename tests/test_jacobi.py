@@ -122,7 +122,7 @@ def test_a_folder_without_a_drafter_runs_the_window_modes(bundle_factory, tmp_pa
     from vvs.runtime.pipeline import Pipeline
 
     b = bundle_factory()
-    manifest = export_folder(ModelBundle(b.target, None, b.vq), tmp_path / "f", decoding_defaults=dict(mode="vvs"),
+    manifest = export_folder(ModelBundle(b.target, None, b.vq), tmp_path / "f", decoding_defaults=dict(mode="vvs", top_k=0),
                              progress=False)
     assert "draft_tree" not in manifest["graphs"] and "drafter" not in manifest["model"]
     assert manifest["decoding_defaults"]["mode"] == "sjd-pac"  # the best exact mode that needs no drafter
