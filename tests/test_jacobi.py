@@ -110,6 +110,11 @@ def test_the_window_is_a_tree_then_a_chain():
     assert w.sibling[4:13].tolist() == [0, 1, 2] * 3
     assert w.child[2].tolist() == [7, 8, 9] and w.child[5].tolist() == [-1, -1, -1]
     assert w.ancestors[15].nonzero().flatten().tolist() == [0, 1, 4, 13, 14, 15]
+    assert w.rows[:, -1].tolist() == list(range(4, 13)) and w.rows[0].tolist() == [0, 1, 4]  # the main path first
+    chain = WindowLayout(6, 1, 0, "cpu")  # SJD's window: a plain chain
+    assert chain.positions == 5 and chain.main.tolist() == list(range(6)) and chain.rows.tolist() == [[0]]
+    with pytest.raises(ValueError, match="a window of 13 has no room past its tree of 13 nodes"):
+        WindowLayout(13, 3, 2, "cpu")
 
 
 def test_a_folder_without_a_drafter_runs_the_window_modes(bundle_factory, tmp_path):

@@ -37,7 +37,8 @@ near-equivalent codes: those the target ranks next to ``x``, within ``gsd_prob_g
 to it in the tokenizer's latent space (the released code measures the target's input embeddings; vvs the
 codebook, as LANTERN does). The group lends ``x`` its neighbours' mass, so GSD changes the distribution by design.
 
-Greedy (temperature 0) is Jacobi decoding: a draft is accepted when it is the target's argmax.
+Greedy (temperature 0) is Jacobi decoding: a draft is accepted when it is the target's argmax (GSD: when the
+argmax is in its group).
 
 Randomness: every iteration takes the same number of uniforms from each image's stream, each read by position,
 so tokens do not depend on the batch.
@@ -65,14 +66,20 @@ class WindowLayout:
             frontier_next = []
             for p in frontier:
                 for b in range(width):
-                    column.append(level), sibling.append(b), parent.append(p)
+                    column.append(level)
+                    sibling.append(b)
+                    parent.append(p)
                     frontier_next.append(len(column) - 1)
             frontier = frontier_next
         main = [0]
         for _ in range(levels):
             main.append(next(i for i in range(len(column)) if parent[i] == main[-1] and sibling[i] == 0))
+        if len(column) >= length:
+            raise ValueError(f"a window of {length} has no room past its tree of {len(column)} nodes")
         while len(column) < length:
-            column.append(column[main[-1]] + 1), sibling.append(0), parent.append(main[-1])
+            column.append(column[main[-1]] + 1)
+            sibling.append(0)
+            parent.append(main[-1])
             main.append(len(column) - 1)
         self.length, self.width, self.levels = length, width, levels
         self.positions = len(main) - 1
@@ -124,7 +131,7 @@ class Jacobi:
         self.window = WindowLayout(opts.window_length, width, depth - 1, d.dev)
         positions = self.window.positions
         # tests per candidate, one draw per position and one past the window, sibling draws, random refills
-        self.draws = positions * width + positions + 1 + positions * (width - 1) + positions
+        self.uniforms_per_step = positions * width + positions + 1 + positions * (width - 1) + positions
         self.latent = F.normalize(d.engines.codebook.float(), dim=-1) if self.grouped else None
 
     @classmethod
@@ -145,7 +152,7 @@ class Jacobi:
         d, w, n = self.d, self.window, self.d.n
         P, K = w.positions, w.width
         active = d.active
-        u = d.random.uniform(self.draws)
+        u = d.random.uniform(self.uniforms_per_step)
         tests, u = u[:, : P * K].view(n, P, K), u[:, P * K:]
         draws, u = u[:, : P + 1], u[:, P + 1:]
         siblings, refills = u[:, : P * (K - 1)].view(n, P, K - 1), u[:, P * (K - 1):]
@@ -166,31 +173,29 @@ class Jacobi:
         self.plan = self.read()
 
     def walk(self, p: torch.Tensor, tests: torch.Tensor, draws: torch.Tensor):
-        """From the root: the tree's candidates, then the chain test along the main path. Returns ``(path [n, P + 1]``
-        nodes of the committed tokens, ``accepted [n]`` drafts, ``root [n])``."""
+        """From the root: the tree's candidates, then the chain test along the main path. Returns the nodes of the
+        committed tokens ``[n, P + 1]``, the accepted drafts ``[n]`` and the new root ``[n]``."""
         d, w = self.d, self.window
-        P, img = w.positions, torch.arange(d.n, device=d.dev)
-        tree = self.tree_official if self.official and not d.proc.greedy else self.tree_walk
-        path, cur, alive, accepted, root = tree(p, tests, draws)
-        chain = P - w.levels
-        on_main = alive & (cur == w.main[w.levels]) & (chain > 0)
+        P = w.positions
+        walk_tree = self.tree_official if self.official and not d.proc.greedy else self.tree_walk
+        path, cur, alive, accepted, root = walk_tree(p, tests, draws)
+        on_main = alive & (cur == w.main[w.levels])  # the window always has a chain past its tree
         leaf = alive & ~on_main  # a walk that left the main path ends with the tree: a bonus draw there
-        root = torch.where(leaf, self.draw(p[img, cur][:, None], draws[:, w.levels: w.levels + 1])[:, 0], root)
-        if chain > 0:
-            along, x, q = p[:, w.main[w.levels: P]], self.candidates[:, w.levels:, 0], self.q[:, w.levels:]
-            ok = self.test(along, x, q, tests[:, w.levels:, 0])
-            m = ok.long().cumprod(1).sum(1)
-            ends = torch.cat([self.residual_draw(along, q, draws[:, w.levels: P]),
-                              self.draw(p[:, w.main[P:]], draws[:, P:])], 1)  # the rejection's, or a bonus
-            root = torch.where(on_main, ends.gather(1, m[:, None])[:, 0], root)
-            accepted += torch.where(on_main, m, 0)
+        root = torch.where(leaf, self.draw(p[d.arange, cur][:, None], draws[:, w.levels: w.levels + 1])[:, 0], root)
+        along, x, q = p[:, w.main[w.levels: P]], self.candidates[:, w.levels:, 0], self.q[:, w.levels:]
+        ok = self.test(along, x, q, tests[:, w.levels:, 0])
+        m = ok.long().cumprod(1).sum(1)
+        ends = torch.cat([self.residual_draw(along, q, draws[:, w.levels: P]),
+                          self.draw(p[:, w.main[P:]], draws[:, P:])], 1)  # the rejection's, or a bonus
+        root = torch.where(on_main, ends.gather(1, m[:, None])[:, 0], root)
+        accepted += torch.where(on_main, m, 0)
         return path, accepted, root
 
     def tree_walk(self, p: torch.Tensor, tests: torch.Tensor, draws: torch.Tensor):
         """Recursive rejection over the tree's candidates, level by level: the first accepted child is taken.
         Returns ``(path, node reached, still going, accepted drafts, root where it stopped)``."""
         d, w = self.d, self.window
-        img, greedy = torch.arange(d.n, device=d.dev), d.proc.greedy
+        img, greedy = d.arange, d.proc.greedy
         path = w.main.expand(d.n, -1).clone()
         cur = torch.zeros(d.n, dtype=torch.long, device=d.dev)
         alive = torch.ones(d.n, dtype=torch.bool, device=d.dev)
@@ -244,7 +249,7 @@ class Jacobi:
         left = p.clone()
         for node, dist in residual.items():
             left[:, node] = dist
-        root = self.draw(left[torch.arange(d.n, device=d.dev), cur][:, None], draws.gather(1, accepted[:, None]))[:, 0]
+        root = self.draw(left[d.arange, cur][:, None], draws.gather(1, accepted[:, None]))[:, 0]
         return path, cur, accepted == w.levels, accepted, root
 
     @staticmethod
@@ -333,7 +338,8 @@ class Jacobi:
             q = torch.where(inside[..., None], along.gather(1, jj[..., None].expand(-1, -1, vocab)), q)
         candidates = first[..., None].repeat(1, 1, w.width)
         others = None
-        if self.official:  # the released code: from the old draft's residual where one was tested, with replacement
+        if self.official and not d.proc.greedy:  # the released code: from the old draft's residual where one was
+            # tested, with replacement (greedy draws are argmaxes: they would repeat the first candidate)
             others = q
             if carry is not None:
                 old = self.q.gather(1, jj.clamp(max=P - 1)[..., None].expand(-1, -1, vocab))

@@ -178,7 +178,7 @@ class DecodeOptions(OptionsBase):
             bad("pac_rule", f"choose one of {', '.join(PAC_RULES)}")
         if self.pac_tree_depth < 1:
             bad("pac_tree_depth", "must be >= 1 (the root counts; 1 drafts no tree)")
-        if self.mode == "sjd-pac" and self.pac_tree_nodes >= self.window_length:
+        if self.mode == "sjd-pac" and self.pac_tree_width > 1 and self.pac_tree_nodes >= self.window_length:
             bad("window", f"must exceed the {self.pac_tree_nodes} nodes of SJD-PAC's tree (pac_tree_width="
                           f"{self.pac_tree_width}, pac_tree_depth={self.pac_tree_depth}); raise it or shrink the tree")
         if self.gsd_group_size < 1:
