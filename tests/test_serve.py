@@ -178,6 +178,30 @@ def test_a_killed_replica_fails_its_request_clearly_and_is_restarted(server):
     assert len(client.generate([3], mode="ar", decode=False).tokens) == 1
 
 
+@pytest.mark.parametrize("conditions, sent", [("a cat", ["a cat"]), ("cat", ["cat"]), ([3, 5], [3, 5]), ((1,), [1]),
+                                              (np.array([2, 4]), [2, 4])])
+def test_the_client_sends_a_string_as_one_prompt(monkeypatch, conditions, sent):
+    """No server needed: the body the client would send. A string used to go out as a list of its characters."""
+    from email.message import Message
+
+    client, bodies = Client("http://127.0.0.1:9"), []
+
+    def request(method, path, body=None):
+        bodies.append(body)
+        return {"tokens": [], "stats": [], "options": {}}, Message()
+
+    monkeypatch.setattr(client, "_request", request)
+    client.generate(conditions, decode=False)
+    assert bodies[0]["conditions"] == sent
+
+
+@pytest.mark.parametrize("conditions", [3, 2.5, None, np.int64(3)])
+def test_the_client_refuses_a_single_value_in_one_line(conditions):
+    with pytest.raises(ServeError, match=r"^conditions: give a list of class ids or prompts \(a string is one "
+                                         r"prompt\), not \w+ "):
+        Client("http://127.0.0.1:9").generate(conditions)
+
+
 def test_the_replica_reports_its_phases_in_server_timing(server):
     """Server-Timing splits a request's time in the replica (read and parse, tokens, pixels, PNG encoding), so the
     rest of a client's latency is the network and Ray's proxy."""
@@ -205,7 +229,8 @@ def test_prompts_over_http(server, t2i_server, text_folder):
     """Prompts in, the Pipeline's tokens and images out; a prompt to the class-conditional app, a caption mask with
     prompts and an empty prompt are 400s with one line."""
     client = Client(t2i_server, timeout=120)
-    assert client.model()["prompts"] is True
+    model = client.model()
+    assert model["prompts"] is True and model["num_classes"] == 0  # a text-to-image folder has no classes
     prompts = ["a red bird", "un café crème 🙂"]
     result = client.generate(prompts, mode="vvs", seed=3)
     alone = Pipeline(load_engines(text_folder, "onnxruntime", threads=1)).generate(prompts, mode="vvs", seed=3)

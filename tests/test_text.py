@@ -63,8 +63,10 @@ def test_tokens_at_120_slots_match_transformers_for_long_empty_and_unicode_promp
     assert mask[4].sum() == 120 and ids[4, 119] == 1 and mask[0].sum() < 20
     with pytest.raises(OptionsError, match="prompt 1 is empty"):
         text.encode(["a cat", "   "])
-    with pytest.raises(OptionsError, match="prompt 0 is a bytes"):
+    with pytest.raises(OptionsError, match=r"prompt 0 is not a string: b'a cat' \(bytes\)"):
         text.encode([b"a cat"])
+    with pytest.raises(OptionsError, match=r"prompt 1 is not a string: 7 \(int\)"):  # once "is a int"
+        text.encode(["a cat", 7])
 
 
 def test_left_padding_moves_valid_states_last_and_zeroes_the_rest():

@@ -44,7 +44,7 @@ class Client:
     def generate(self, conditions, mode: str | None = None, seed: int | list[int] = 0, *, caption_mask=None,
                  decode: bool = True, timeout: float | None = None, **options) -> Result:
         """Arguments as :meth:`vvs.runtime.pipeline.Pipeline.generate` (captions and masks as nested lists)."""
-        body = {"conditions": _plain(conditions), "seed": seed, "options": options, "decode": decode}
+        body = {"conditions": _conditions(conditions), "seed": seed, "options": options, "decode": decode}
         if mode is not None:
             body["mode"] = mode
         if caption_mask is not None:
@@ -106,6 +106,17 @@ def _message(status: int, body: bytes) -> str:
             return (f"{text}: the replica serving the request failed (Ray Serve restarts replicas that die); "
                     "retry the request")
         return text
+
+
+def _conditions(value) -> list:
+    """What ``generate`` sends for its conditions: a string is one prompt, not a list of characters."""
+    if isinstance(value, str):
+        return [value]
+    plain = value.tolist() if hasattr(value, "tolist") else value
+    if not isinstance(plain, (list, tuple)):
+        raise ServeError(0, f"conditions: give a list of class ids or prompts (a string is one prompt), not "
+                            f"{type(value).__name__} {value!r}")
+    return list(plain)
 
 
 def _plain(value):

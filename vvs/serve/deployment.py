@@ -116,7 +116,7 @@ class VVSServer:
     async def model(self, request: Request) -> JSONResponse:
         cfg = self.pipe.engines.target
         text = self.pipe.engines.conditioning.kind == "text"
-        return JSONResponse({"model_type": cfg.model_type, "num_classes": cfg.num_classes,
+        return JSONResponse({"model_type": cfg.model_type, "num_classes": 0 if text else cfg.num_classes,
                              "caption_slots": cfg.cls_token_num if text else 0,
                              "caption_dim": cfg.caption_dim if text else 0,
                              "prompts": self.pipe.engines.text is not None, "class_names": self.class_names,

@@ -80,7 +80,7 @@ def check_prompts(prompts) -> list[str]:
         raise OptionsError("no prompts given; pass at least one")
     for i, prompt in enumerate(prompts):
         if not isinstance(prompt, str):
-            raise OptionsError(f"prompt {i} is a {type(prompt).__name__}, not a string")
+            raise OptionsError(f"prompt {i} is not a string: {prompt!r} ({type(prompt).__name__})")
         if not prompt.strip():
             raise OptionsError(f"prompt {i} is empty; describe the image to generate")
     return list(prompts)
