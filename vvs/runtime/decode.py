@@ -81,6 +81,11 @@ def read_plan(codes: torch.Tensor, chain: torch.Tensor) -> Plan:
     return Plan(tuple(values[:-1]), values[-1])
 
 
+def read_active(d: "Decoding") -> Plan:
+    """The plan of a loop without skips: every image verifies until it is done."""
+    return read_plan(d.active.long(), torch.zeros((), dtype=torch.long, device=d.dev))
+
+
 class Decoding:
     """State of one batch: caches, committed tokens, statistics."""
 
@@ -300,7 +305,7 @@ class AutoRegression:
         self.plan = self.read()
 
     def read(self) -> Plan:
-        return read_plan(self.d.active.long(), torch.zeros((), dtype=torch.long, device=self.d.dev))
+        return read_active(self.d)
 
 
 # ---------------------------------------------------------------------- speculative decoding (SD, LANTERN, VVS)

@@ -48,7 +48,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vvs.runtime.decode import Decoding, Plan, read_plan, release
+from vvs.runtime.decode import Decoding, Plan, read_active, release
 from vvs.runtime.random import inverse_cdf
 
 
@@ -145,7 +145,7 @@ class Jacobi:
         return loop
 
     def read(self) -> Plan:
-        return read_plan(self.d.active.long(), torch.zeros((), dtype=torch.long, device=self.d.dev))
+        return read_active(self.d)
 
     def step(self) -> None:
         """One iteration: forward the window → walk the drafts → commit → refresh the window."""
