@@ -160,34 +160,40 @@ class Jacobi:
         out = d.verify(ids, d.C + d.count[:, None] + w.column, w.ancestors.expand(n, -1, -1), self.plan.verifying)
         # node i's output predicts position column[i] + 1
         p = d.proc.probs(d.force(out["logits"], d.count[:, None] + 1 + w.column))
-        path, accepted, root = self.walk(p, tests, draws)
+        along = p[:, w.main]  # [n, P + 1, V]: the main path's outputs; along[:, c] predicts position c + 1
+        first = self.candidates[:, :, 0]
+        # once per position, for the walk's chain and SJD-PAC's continuation alike: whether the first candidate
+        # passes its test against the main path, and what a rejection there draws (past the window: a bonus)
+        passes = self.test(along[:, :P], first, self.q, tests[:, :, 0])
+        outcomes = torch.cat([self.residual_draw(along[:, :P], self.q, draws[:, :P]),
+                              self.draw(along[:, P:], draws[:, P:])], 1)
+        path, accepted, root = self.walk(p, tests, draws, passes, outcomes)
         kept = torch.where(active, torch.minimum(accepted + 1, d.N - d.count), 0)  # nothing past the image's end
         d.kv.commit(out["new_kv"], path, kept)
         d.counters.record(active, "verify", *d.counted(d.count, kept))
         d.counters.add("target_forwards", active)
         d.append_tokens(ids.gather(1, path), kept)
         d.root.copy_(torch.where(active, root, d.root))
-        along = p[:, w.main]  # [n, P + 1, V]: the main path's outputs
-        carry = self.continued(along, tests[:, :, 0], draws) if self.continues else self.draw(along, draws)
+        if self.continues:  # each position's own outcome: the first candidate where it passed, else its residual draw
+            carry = torch.cat([torch.where(passes, first, outcomes[:, :P]), outcomes[:, P:]], 1)
+        else:
+            carry = self.draw(along, draws)
         self.refresh(active, accepted, carry, along, siblings, refills)
         self.plan = self.read()
 
-    def walk(self, p: torch.Tensor, tests: torch.Tensor, draws: torch.Tensor):
-        """From the root: the tree's candidates, then the chain test along the main path. Returns the nodes of the
-        committed tokens ``[n, P + 1]``, the accepted drafts ``[n]`` and the new root ``[n]``."""
+    def walk(self, p: torch.Tensor, tests: torch.Tensor, draws: torch.Tensor, passes: torch.Tensor,
+             outcomes: torch.Tensor):
+        """From the root: the tree's candidates, then the chain along the main path (``passes`` and ``outcomes`` past
+        the tree). Returns the nodes of the committed tokens ``[n, P + 1]``, the accepted drafts ``[n]`` and the new
+        root ``[n]``."""
         d, w = self.d, self.window
-        P = w.positions
         walk_tree = self.tree_official if self.official and not d.proc.greedy else self.tree_walk
         path, cur, alive, accepted, root = walk_tree(p, tests, draws)
         on_main = alive & (cur == w.main[w.levels])  # the window always has a chain past its tree
         leaf = alive & ~on_main  # a walk that left the main path ends with the tree: a bonus draw there
         root = torch.where(leaf, self.draw(p[d.arange, cur][:, None], draws[:, w.levels: w.levels + 1])[:, 0], root)
-        along, x, q = p[:, w.main[w.levels: P]], self.candidates[:, w.levels:, 0], self.q[:, w.levels:]
-        ok = self.test(along, x, q, tests[:, w.levels:, 0])
-        m = ok.long().cumprod(1).sum(1)
-        ends = torch.cat([self.residual_draw(along, q, draws[:, w.levels: P]),
-                          self.draw(p[:, w.main[P:]], draws[:, P:])], 1)  # the rejection's, or a bonus
-        root = torch.where(on_main, ends.gather(1, m[:, None])[:, 0], root)
+        m = passes[:, w.levels:].long().cumprod(1).sum(1)
+        root = torch.where(on_main, outcomes[:, w.levels:].gather(1, m[:, None])[:, 0], root)
         accepted += torch.where(on_main, m, 0)
         return path, accepted, root
 
@@ -268,15 +274,6 @@ class Jacobi:
         else:
             mass_p, mass_q = p.gather(-1, x[..., None]).squeeze(-1), q.gather(-1, x[..., None]).squeeze(-1)
         return u * mass_q < mass_p
-
-    def continued(self, along: torch.Tensor, u: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
-        """SJD-PAC's outcome at every position ``[n, P + 1]``: the first candidate where it passes its test against
-        the main path's output, else a residual draw; past the window a fresh draw."""
-        P = self.window.positions
-        x = self.candidates[:, :, 0]
-        ok = self.test(along[:, :P], x, self.q, u)
-        kept = torch.where(ok, x, self.residual_draw(along[:, :P], self.q, draws[:, :P]))
-        return torch.cat([kept, self.draw(along[:, P:], draws[:, P:])], 1)
 
     def group(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """GSD's group of each draft, beside the draft itself: ``(codes [..., g], member [..., g])``, the codes ranked
