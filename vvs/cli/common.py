@@ -31,13 +31,19 @@ def _interrupt(signum, frame):
     raise _signalled[-1]
 
 
+def catch_signals() -> None:
+    """Deliver Ctrl-C and SIGTERM as :class:`KeyboardInterrupt`. Called again by code that starts a library which
+    installs its own handlers (Ray replaces SIGTERM's with one that dumps a stack and exits 15)."""
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 def run_command(command: click.Command, prog: str) -> None:
     """Run a command: usage errors as one line and exit 2; Ctrl-C exits 130 and SIGTERM 143 after the clean-up
     (finished images kept, the scheduler stopped at a cycle boundary). Libraries may turn the interrupt into an
     error of their own (torch's exporter does, when it lands inside an import): any error after the signal is
     the interrupt."""
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
+    catch_signals()
     try:
         try:
             command.main(prog_name=prog, standalone_mode=False)

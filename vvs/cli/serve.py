@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from vvs.cli.common import engine_options, run_command
+from vvs.cli.common import catch_signals, engine_options, run_command
 from vvs.errors import VVSError
 
 
@@ -79,6 +79,7 @@ def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_
     except ImportError as err:
         raise VVSError(f"vvs-serve needs Ray Serve ({err.name} is missing): pip install 'vvs[serve]'") from None
     start_ray(address, logging_level="WARNING")
+    catch_signals()
     drain_state = drain.create()
     serve.start(http_options={"host": host, "port": port})
     serve.run(application(str(folder), backend=backend, device=device, threads=threads, max_batch=max_batch,

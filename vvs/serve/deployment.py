@@ -128,6 +128,9 @@ class VVSServer:
         return HTMLResponse(PAGE)
 
     async def health(self, request: Request) -> JSONResponse:
+        if self.drain.stopping:  # so that a load balancer stops routing here
+            return JSONResponse({"status": "stopping", **self.pipe.scheduler.status()}, status_code=503,
+                                headers={"Retry-After": "1"})
         return JSONResponse({"status": "ok", **self.pipe.scheduler.status()})
 
     def check_health(self) -> None:
