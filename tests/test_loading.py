@@ -208,6 +208,20 @@ def test_truncated_file(tmp_path, suffix):
     assert "truncated or corrupt" in one_line(err)
 
 
+@pytest.mark.parametrize("name,content,kind", [
+    ("README.md", "# vvs\n\nA toolkit.\n".encode(), "text"), ("config.toml", b"[model]\ndim = 64\n", "text"),
+    ("cat.png", b"\x89PNG\r\n\x1a\n" + bytes(64), "a PNG image"), ("blob.bin", bytes([7, 0, 1, 2] * 8), "some other file"),
+])
+def test_a_file_that_is_not_a_checkpoint_is_told_so(tmp_path, name, content, kind):
+    """Not "contains pickled Python objects ... re-save it as safetensors", which sends a user the wrong way."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError) as err:
+        load_gpt(path, gpt_config("GPT-tiny"))
+    assert one_line(err) == (f"{path}: not a checkpoint ({kind}): give a .pt / .pth / .bin file written by "
+                             "torch.save, or a .safetensors file")
+
+
 class Exploit:
     def __init__(self, marker):
         self.marker = marker

@@ -49,6 +49,13 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
 
 
 def _read_pickle(path: Path) -> object:
+    with open(path, "rb") as f:
+        head = f.read(4)
+    # torch.save writes a zip archive (since torch 1.6) or, before, a pickle whose first opcode is PROTO (0x80)
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
+        kind = "a PNG image" if head == b"\x89PNG" else "text" if _looks_like_text(path) else "some other file"
+        raise CheckpointError(path, f"not a checkpoint ({kind}): give a .pt / .pth / .bin file written by torch.save, "
+                                    "or a .safetensors file")
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -62,6 +69,16 @@ def _read_pickle(path: Path) -> object:
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(path, f"not a readable checkpoint (truncated or corrupt?): {first}") from None
+
+
+def _looks_like_text(path: Path) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return err.start > len(head) - 4  # a character cut at the end of the sample
+    return b"\0" not in head
 
 
 def read_checkpoint(path: os.PathLike | str, *, ema: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
