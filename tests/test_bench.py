@@ -112,3 +112,25 @@ def test_bench_command_writes_results(tiny_folder, tmp_path, capsys, monkeypatch
     assert vvs["speedup_vs_ar"] == pytest.approx(ratio, rel=1e-6)
     assert ar["tokens_per_target_forward"] == 1.0 and vvs["skipped_verifications_per_image"] > 0
     assert "speed-up vs ar" in stdout
+
+
+def test_the_pareto_legend_covers_no_point():
+    """A point in the lower-right corner of the plot, where the legend used to sit (vvs-uniform was hidden so)."""
+    import matplotlib.pyplot as plt
+
+    from vvs.bench import pareto_figure
+
+    fid = lambda median: {"median": median, "min": median - 0.2, "max": median + 0.2}  # noqa: E731
+    modes = {"ar": {"domain_fid": fid(12.0), "speedup_vs_ar": 1.0, "tokens_per_target_forward": 1.0},
+             "vvs-uniform": {"domain_fid": fid(12.19), "speedup_vs_ar": 0.31, "tokens_per_target_forward": 1.02},
+             "lantern": {"domain_fid": fid(11.0), "speedup_vs_ar": 0.9, "tokens_per_target_forward": 2.5}}
+    fig = pareto_figure({"modes": modes})
+    fig.canvas.draw()
+    try:
+        for ax in fig.axes:
+            legend = ax.get_legend().get_window_extent()
+            for collection in ax.collections[:len(modes)]:  # the scatter points, before the spread band
+                for x, y in collection.get_offset_transform().transform(collection.get_offsets()):
+                    assert not legend.contains(x, y)
+    finally:
+        plt.close(fig)

@@ -192,6 +192,14 @@ def markdown_table(results: dict) -> str:
 
 
 def pareto_plot(results: dict, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = pareto_figure(results)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+
+
+def pareto_figure(results: dict):
     """Speed-up and TPF against the quality axis (domain FID when measured, else NLL-free: TPF only)."""
     import matplotlib
 
@@ -212,12 +220,12 @@ def pareto_plot(results: dict, path: Path) -> None:
             ax.axvspan(ar["domain_fid"]["min"], ar["domain_fid"]["max"], color="grey", alpha=0.2,
                        label="AR seed-to-seed spread")
             ax.set_xlabel("domain FID (lower is better)")
-            ax.legend(fontsize=7, loc="lower right")
+            # below the axes: inside them it covered whichever point fell in its corner
+            ax.legend(fontsize=7, loc="upper right", bbox_to_anchor=(1.0, -0.13), frameon=False)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
+    return fig
 
 
 def machine() -> dict:
