@@ -12,6 +12,8 @@ from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
 from vvs.families.llamagen.train_drafter import train_drafter
 
+TINY_CLASSES = ["tench", "goldfish", "great white shark", "tiger shark", "hammerhead", "electric ray", "stingray",
+                "cock", "hen", "ostrich"]  # the tiny c2i folder's class names (ImageNet's first ten)
 SMALL = dict(tree_size=12, depth=3, draft_top_k=4, top_k=0, lantern_k=4, skip_warmup_tokens=3)
 
 
@@ -65,7 +67,8 @@ def tiny_folder(bundle_factory, tmp_path_factory):
     from vvs.families.llamagen.exporter import export_folder
 
     out = tmp_path_factory.mktemp("engines") / "tiny"
-    export_folder(bundle_factory(), out, decoding_defaults=SMALL, progress=False)
+    export_folder(bundle_factory(), out, decoding_defaults=SMALL, progress=False,
+                  extra_model_info={"classes": TINY_CLASSES})
     return out
 
 

@@ -4,6 +4,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import socket
 from dataclasses import fields
@@ -110,7 +111,7 @@ def test_an_earlier_run_is_never_mixed_in(folder, tmp_path, capsys, monkeypatch)
     (out / "notes.txt").write_text("mine")
     assert run_cli(run_main, [*base, "--class", "3", "--overwrite"], capsys, monkeypatch)[0] == 0
     names = sorted(p.name for p in out.iterdir())
-    assert names == [".vvs-run.json", "notes.txt", "vvs_000_class3.png", "vvs_grid.png"]  # run 1's files are gone
+    assert names == [".vvs-run.json", "notes.txt", "vvs_000_tiger_shark.png", "vvs_grid.png"]  # run 1's files
 
 
 def test_another_run_writing_to_the_same_folder_is_refused(folder, tmp_path, capsys, monkeypatch):
@@ -311,7 +312,7 @@ def test_export_onto_a_full_disk_changes_nothing(bundle_factory, tiny_folder, tm
     (None, {}, "got NoneType"),
     ([2.9], {}, "class id 2.9 is not an integer"),
     (torch.tensor([1.0]), {}, "class ids must be integers, got a torch.float32 tensor"),
-    ([True], {}, "class id True is not an integer"),
+    ([True], {}, "class id true is not an integer"),
     ([1], {"top_k": "5"}, "option top_k='5': must be an integer"),
     ([1], {"temperature": math.nan}, "option temperature=nan: must be a finite number"),
     ([1], {"mode": ""}, "option mode='': unknown mode"),
@@ -353,9 +354,23 @@ def test_api_rejects_bad_captions(pipeline_factory):
         (good, torch.zeros(1, 3, dtype=torch.bool), "every caption needs at least one valid slot"),
         (torch.randn(1, 3, 7), torch.ones(1, 3, dtype=torch.bool), "captions must be float embeddings [n >= 1, 3, 8]"),
         (torch.full((1, 3, 8), math.nan), torch.ones(1, 3, dtype=torch.bool), "NaN or infinite"),
+        ([3, 5], None, "this model is text-conditional: give prompts (a list of strings), or caption embeddings "
+                       "[n, 3, 8] with caption_mask; class ids have no meaning here"),
+        (torch.tensor([3]), None, "class ids have no meaning here"),
     ]:
-        with pytest.raises(OptionsError, match=message.replace("[", "\\[").replace("]", "\\]")):
+        with pytest.raises(OptionsError, match=re.escape(message)):
             pipe.generate(captions, caption_mask=mask, decode_images=False)
+
+
+def test_a_class_conditional_pipeline_takes_class_names_and_refuses_a_caption_mask(folder):
+    pipe = Pipeline(load_engines(folder, "onnxruntime", threads=1))
+    by_name = pipe.generate(["goldfish", " 4 "], mode="ar", seed=2, decode_images=False)
+    assert torch.equal(by_name.tokens, pipe.generate([1, 4], mode="ar", seed=2, decode_images=False).tokens)
+    with pytest.raises(OptionsError, match="'wolf' is not a class of this class-conditional model; give a class id "
+                                           r"\(0-9\) or a name \(tench, goldfish"):
+        pipe.generate(["wolf"], decode_images=False)
+    with pytest.raises(OptionsError, match="caption_mask goes with caption embeddings; this model is class-cond"):
+        pipe.generate([1], caption_mask=torch.ones(1, 3, dtype=torch.bool), decode_images=False)
 
 
 def test_pipeline_of_a_folder_checks_lantern_k_against_the_stored_table(folder):
@@ -426,18 +441,23 @@ def test_serve_refuses_a_port_in_use(folder, capsys, monkeypatch):
     assert not ray.is_initialized()
 
 
-def test_a_damaged_cached_tree_graph_is_detected_and_exported_again(folder):
+def test_a_damaged_cached_tree_graph_is_detected_and_exported_again(folder, capfd):
     """Graphs for other tree shapes are exported into trees/ on first use with their size and sha256; an edited
-    (or truncated) one fails that check at the next use and is exported again, instead of running or crashing."""
+    (or truncated) one fails that check at the next use and is exported again, instead of running or crashing,
+    and says so in one line on stderr (the first export says nothing)."""
     options = dict(mode="sd", seed=0, temperature=0, cfg_scale=2.0, tree_size=5, depth=2, draft_top_k=2,
                    decode_images=False)
     first = Pipeline(load_engines(folder, "onnxruntime", threads=1)).generate(torch.tensor([1, 2]), **options)
+    assert "exporting it again" not in capfd.readouterr().err
     graph = next((folder / "trees").glob("draft_tree-5x2x2-*.onnx"))
     good = graph.read_bytes()
     graph.write_bytes(good[:100] + bytes([good[100] ^ 0xFF]) + good[101:])  # same size: only the sha256 tells
     again = Pipeline(load_engines(folder, "onnxruntime", threads=1)).generate(torch.tensor([1, 2]), **options)
     assert torch.equal(again.tokens, first.tokens)
     assert graph.read_bytes() == good
+    said = [line for line in capfd.readouterr().err.splitlines() if "exporting it again" in line]
+    assert said == [f"vvs: {graph}: {graph.name} does not match the sha256 recorded when it was exported (edited or "
+                    "damaged); exporting it again"]
 
 
 @pytest.mark.parametrize("command", ["all", "mar", "t2i"])

@@ -21,8 +21,9 @@ def test_run_writes_images_grid_stats_and_tokens(tiny_folder, tmp_path, capsys, 
                                 capsys, monkeypatch)
     assert code == 0, err
     assert "TPF" in stdout and "vvs" in stdout
-    assert sorted(p.name for p in out.iterdir()) == [".vvs-run.json", "ar_000_class1.png", "ar_001_class3.png", "ar_grid.png",
-                                                     "vvs_000_class1.png", "vvs_001_class3.png", "vvs_grid.png"]
+    assert sorted(p.name for p in out.iterdir()) == [".vvs-run.json", "ar_000_goldfish.png", "ar_001_tiger_shark.png",
+                                                     "ar_grid.png", "vvs_000_goldfish.png", "vvs_001_tiger_shark.png",
+                                                     "vvs_grid.png"]
     payload = json.loads(stats.read_text())
     assert len(payload["images"]) == 4 and set(payload["aggregate"]) == {"ar", "vvs"}
     for image in payload["images"]:
@@ -103,3 +104,14 @@ def test_export_refuses_to_overwrite_a_foreign_folder(bundle_factory, tmp_path, 
     assert code == 2 and "exists and is not an engine folder" in err, err
     assert (foreign / "holiday.jpg").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".photos")]
+
+
+def test_help_of_the_package_points_to_its_entry_points():
+    """``help(vvs)`` showed only a list of modules."""
+    import pydoc
+
+    import vvs
+
+    text = pydoc.render_doc(vvs, renderer=pydoc.plaintext)
+    for name in ("vvs.engines.load_engines", "vvs.runtime.pipeline.Pipeline", "vvs.serve.client.Client", "vvs-run"):
+        assert name in text

@@ -46,14 +46,19 @@ def snapshot(out: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
 def test_an_interrupted_run_keeps_its_finished_images(tiny_folder, tmp_path, sig, code, word):
+    """... with their statistics, tokens and table, as a finished run writes them."""
     out = tmp_path / "out"
-    proc = start_run(tiny_folder, out)
+    proc = start_run(tiny_folder, out, "--stats-json", str(tmp_path / "stats.json"),
+                     "--save-tokens", str(tmp_path / "tokens.npy"))
     returncode, err = interrupt_when_images_exist(proc, out, sig)
     assert returncode == code, err
     assert err.strip().splitlines()[-1] == f"vvs-run: {word}"
     assert "Traceback" not in err and "terminate called" not in err
     index = json.loads((out / ".vvs-run.json").read_text())["files"]
     assert len(index) >= 3 and sorted(index) == sorted(p.name for p in out.glob("*.png"))
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert len(stats["images"]) == len(index) == stats["aggregate"]["images"]
+    assert np.load(tmp_path / "tokens.npy").shape[0] == len(index)
     assert not (out / ".vvs-run-staging").exists() and not (out / ".vvs-run.lock").exists()
 
 

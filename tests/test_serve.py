@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import ray
+import torch
 from PIL import Image
 from ray import serve
 
@@ -70,7 +71,8 @@ def test_concurrent_clients_get_the_images_they_would_get_alone(server, local):
     model = client.model()
     assert model["max_images"] == MAX_IMAGES
     assert model["modes"] == [{"name": m, "exact": m in ("ar", "sd", "sjd", "sjd-pac")}
-                              for m in ("ar", "sd", "lantern", "vvs", "sjd", "sjd-pac", "gsd")]
+                              for m in ("ar", "sd", "lantern", "vvs", "vvs-uniform", "vvs-dynamic", "sjd", "sjd-pac",
+                                        "sjd-pac-official", "gsd")]
 
 
 def _post(url: str, body: bytes, content_type: str = "application/json", method: str = "POST") -> tuple[int, dict]:
@@ -99,6 +101,10 @@ BAD = [
     (b"[" * 100000 + b"]" * 100000, "application/json", 400, "nested too deeply"),
     (json.dumps({"conditions": [1], "seed": 0, "pad": "x" * (2 << 20)}).encode(), "application/json", 413,
      "request body over 1048576 bytes"),
+    (json.dumps({"conditions": [True]}).encode(), "application/json", 400, "class id true is not an integer"),
+    (json.dumps({"conditions": [1], "decode": None}).encode(), "application/json", 400, "got null"),
+    (json.dumps({"conditions": ["wolf"]}).encode(), "application/json", 400,
+     "'wolf' is not a class of this class-conditional model; give a class id (0-9) or a name (tench, goldfish"),
 ]
 
 
@@ -237,11 +243,83 @@ def test_prompts_over_http(server, t2i_server, text_folder):
     assert result.tokens == alone.tokens.tolist()
     assert np.array_equal(_pixels(result.images[1]), _pixels(alone.pil_images()[1]))
     for url, body, message in (
-            (server, {"conditions": ["a cat"]}, "class-conditional; pass class ids"),
+            (server, {"conditions": ["a cat"]}, "'a cat' is not a class of this class-conditional model"),
             (t2i_server, {"conditions": ["a cat"], "caption_mask": [[True] * 3]}, "caption_mask goes with"),
-            (t2i_server, {"conditions": ["a cat", " "]}, "prompt 1 is empty")):
+            (t2i_server, {"conditions": ["a cat", " "]}, "prompt 2 of 2 is empty"),  # counted as vvs-run does
+            (t2i_server, {"conditions": [3, 5]}, "got [3, 5], but this model is text-conditional; give prompts"),
+            (t2i_server, {"conditions": [[[0.5] * 8] * 3]}, "caption embeddings need their mask [n, C]")):
         code, data = _post(url + "/v1/generate", json.dumps(body).encode())
         assert code == 400 and message in data["error"] and "\n" not in data["error"], data
+
+
+def test_names_the_cli_takes_are_taken_over_http(server, local):
+    """One vocabulary: the mode names and class names of ``vvs-run`` work in a request as they do there."""
+    code, data = _post(server + "/v1/generate", json.dumps({"conditions": ["great white shark", "2"], "seed": 4,
+                                                            "mode": "vvs-uniform", "decode": False}).encode())
+    alone = local.generate(torch.tensor([2, 2]), mode="vvs", skip_policy="uniform", seed=4, decode_images=False)
+    assert code == 200 and data["tokens"] == alone.tokens.tolist()
+    assert data["options"]["skip_policy"] == "uniform"
+
+
+def _openai(url: str):
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key="vvs-takes-no-key", max_retries=0, timeout=120)
+
+
+def _png_pixels(b64: str) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"))
+
+
+def test_the_openai_client_paints_a_prompt(t2i_server, text_folder):
+    """The official ``openai`` package against the text-to-image service: the model it lists, two images of one
+    prompt with vvs's own fields in ``extra_body``, equal to the Pipeline's."""
+    client = _openai(t2i_server)
+    assert [m.id for m in client.models.list().data] == ["llamagen-t2i"]
+    size = json.loads((text_folder / "manifest.json").read_text())["model"]["image_size"]
+    result = client.images.generate(model="llamagen-t2i", prompt="a red bird", n=2, size=f"{size}x{size}",
+                                    response_format="b64_json", extra_body={"mode": "sd", "seed": 3, "top_k": 8})
+    alone = Pipeline(load_engines(text_folder, "onnxruntime", threads=1)).generate(["a red bird"] * 2, mode="sd",
+                                                                                   seed=3, top_k=8)
+    assert len(result.data) == 2 and result.created > 0
+    for answer, image in zip(result.data, alone.pil_images()):
+        assert np.array_equal(_png_pixels(answer.b64_json), _pixels(image))
+
+
+def test_the_openai_client_names_a_class(server, local):
+    """On a class-conditional service the prompt is a class name (or id as text)."""
+    result = _openai(server).images.generate(prompt="great white shark", n=2, extra_body={"mode": "ar", "seed": 5})
+    alone = local.generate(torch.tensor([2, 2]), mode="ar", seed=5)
+    for answer, image in zip(result.data, alone.pil_images()):
+        assert np.array_equal(_png_pixels(answer.b64_json), _pixels(image))
+
+
+OPENAI_BAD = [
+    (dict(prompt="tench", size="1024x1024"), 400, "size", "this model paints 8x8 only"),
+    (dict(prompt="tench", response_format="url"), 400, "response_format", "returns the images in the answer only"),
+    (dict(prompt="tench", model="dall-e-3"), 404, "model", "this service serves 'llamagen-c2i' only"),
+    (dict(prompt="tench", n=MAX_IMAGES + 1), 400, "n", f"from 1 to {MAX_IMAGES}, got {MAX_IMAGES + 1}"),
+    (dict(prompt="a cat"), 400, None, "'a cat' is not a class of this class-conditional model"),
+    (dict(prompt="tench", extra_body={"mode": "fast"}), 400, "mode", "unknown mode"),
+    (dict(prompt="tench", extra_body={"quality": "hd"}), 400, "quality", "unknown field(s) quality"),
+]
+
+
+@pytest.mark.parametrize("kwargs,status,param,message", OPENAI_BAD, ids=[b[3] for b in OPENAI_BAD])
+def test_the_openai_client_reads_a_refusal(server, kwargs, status, param, message):
+    """A refusal is OpenAI's error object, which the client raises as its own error with status, type and param."""
+    import openai
+
+    with pytest.raises(openai.APIStatusError) as err:
+        _openai(server).images.generate(**kwargs)
+    assert err.value.status_code == status and err.value.param == param
+    assert err.value.type == "invalid_request_error" and message in err.value.body["message"], err.value.body
+
+
+def test_an_images_request_without_a_prompt_is_refused_in_openai_s_shape(server):
+    code, data = _post(server + "/v1/images/generations", json.dumps({"n": 1}).encode())
+    assert code == 400 and data["error"]["param"] == "prompt" and data["error"]["code"] is None
+    assert data["error"]["message"].startswith("prompt: give a class name or id (this model is class-conditional)")
 
 
 def chromium_driver():
@@ -276,6 +354,13 @@ def test_the_page_shows_ar_and_vvs_side_by_side_in_a_real_browser(server, local)
         assert not browser.find_element(By.ID, "prompt").is_displayed()  # a class-conditional model
         Select(browser.find_element(By.ID, "class")).select_by_value("3")
         seed = browser.find_element(By.ID, "seed")
+        seed.clear()
+        seed.send_keys("abc")  # refused in red, not sent as seed 0
+        browser.find_element(By.ID, "generate").click()
+        status = browser.find_element(By.ID, "status")
+        wait.until(lambda b: "not a whole number" in status.text)
+        assert status.value_of_css_property("color") in ("rgba(176, 0, 32, 1)", "rgb(176, 0, 32)")
+        assert not browser.find_elements(By.CSS_SELECTOR, "#results figure")
         seed.clear()
         seed.send_keys("7")
         browser.find_element(By.ID, "generate").click()

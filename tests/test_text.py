@@ -61,11 +61,11 @@ def test_tokens_at_120_slots_match_transformers_for_long_empty_and_unicode_promp
     ids, mask = text.tokenize(PROMPTS)
     assert torch.equal(ids, batch["input_ids"]) and torch.equal(mask, batch["attention_mask"])
     assert mask[4].sum() == 120 and ids[4, 119] == 1 and mask[0].sum() < 20
-    with pytest.raises(OptionsError, match="prompt 1 is empty"):
+    with pytest.raises(OptionsError, match="prompt 2 of 2 is empty"):
         text.encode(["a cat", "   "])
-    with pytest.raises(OptionsError, match=r"prompt 0 is not a string: b'a cat' \(bytes\)"):
+    with pytest.raises(OptionsError, match=r"prompt 1 of 1 is not a string: b'a cat' \(bytes\)"):
         text.encode([b"a cat"])
-    with pytest.raises(OptionsError, match=r"prompt 1 is not a string: 7 \(int\)"):  # once "is a int"
+    with pytest.raises(OptionsError, match=r"prompt 2 of 2 is not a string: 7 \(int\)"):  # once "is a int"
         text.encode(["a cat", 7])
 
 
@@ -122,7 +122,7 @@ def test_encoded_prompts_are_cached_and_chunked_to_the_engine(text_folder):
 
 
 def test_prompts_and_classes_on_the_wrong_folder_are_one_line_errors(text_folder, tiny_folder):
-    with pytest.raises(OptionsError, match="class-conditional; pass class ids"):
+    with pytest.raises(OptionsError, match="'a cat' is not a class of this class-conditional model"):
         Pipeline(load_engines(tiny_folder, "onnxruntime")).generate(["a cat"])
     with pytest.raises(OptionsError, match="caption_mask goes with caption embeddings"):
         Pipeline(load_engines(text_folder, "onnxruntime")).generate(["a cat"], caption_mask=torch.ones(1, 3))
@@ -145,8 +145,12 @@ def test_vvs_run_with_prompts(text_folder, tiny_folder, tmp_path, capsys, monkey
     assert len(index["files"]) == 4  # three images and the grid
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"a cat\n\xff\xfe bird\n")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
     for args, message in ((["--prompts", bad], "not UTF-8"), (["--class", "1"], "--prompt"),
-                          (["--prompts", tmp_path / "none.txt"], "does not exist")):
+                          (["--prompts", tmp_path / "none.txt"], "does not exist"),
+                          (["--prompts", empty], f"option --prompts {empty}: the file holds no prompts"),
+                          (["--prompt", "a cat", "--prompt", " "], "prompt 2 of 2 is empty")):
         code, _, err = run_cli(run_main, ["--engine", text_folder, *args, "--out", tmp_path / "o2"], capsys,
                                monkeypatch)
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err

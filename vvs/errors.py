@@ -1,5 +1,17 @@
 """The one exception type users see: the CLI prints ``str(err)`` as one line and exits with code 2."""
+import json
 
 
 class VVSError(Exception):
     """Bad input (a file, an option, a folder): the message says what is wrong and what to do."""
+
+
+def json_value(value) -> str:
+    """A value in a message as a JSON client sent it (true, null, [1, 2]), not as Python writes it (True, None);
+    strings and numbers as Python writes them ('wolf', nan)."""
+    if value is None or isinstance(value, (bool, list, tuple, dict)):
+        try:
+            return json.dumps(value)[:60]
+        except (TypeError, ValueError):
+            pass
+    return repr(value)[:60]

@@ -113,11 +113,10 @@ class RunWriter:
         except BaseException:
             self.lock.unlink(missing_ok=True)
             raise
-        self.written: list[str] = []
-        self.images: list[dict] = []
-        self.by_mode: dict[str, list] = {}
-        self.pictures: dict[str, list[torch.Tensor]] = {}
-        self.tokens: list[torch.Tensor] = []
+        # (mode, image files, their records, the generation): one append per batch, so that an interruption keeps
+        # a batch whole or not at all, and the index, statistics and tokens always agree
+        self.batches: list[tuple[str, list[str], list[dict], object]] = []
+        self.grids: list[str] = []
 
     def _take_lock(self) -> None:
         for _ in range(2):
@@ -152,34 +151,52 @@ class RunWriter:
             earlier = []
         return [name for name in earlier if isinstance(name, str) and "/" not in name and not name.startswith(".")]
 
-    def _save(self, name: str, writer) -> None:
-        writer(self.staging / name)
-        self.written.append(name)
-
     def add(self, mode: str, start: int, conditions: list, result, names: list[str] | None) -> None:
         """One batch of a mode's images, the first being image ``start`` of the run; a condition is a class id or
         a prompt."""
+        files, records = [], []
         for i, (img, condition, s) in enumerate(zip(result.pil_images(), conditions, result.stats), start):
             if isinstance(condition, str):
                 name, record = slug(condition), {"prompt": condition}
             else:
                 name = names[condition] if names else f"class{condition}"
                 record = {"class": condition, "class_name": name}
-            self._save(f"{mode}_{i:03d}_{name}.png", lambda path, img=img: save_png(img, path))
-            self.images.append({"mode": mode, "index": i, **record, **s.to_dict()})
-        self.pictures.setdefault(mode, []).append(result.images)
-        self.by_mode.setdefault(mode, []).extend(result.stats)
-        self.tokens.append(result.tokens)
+                name = re.sub(r"[^A-Za-z0-9_-]+", "_", name)  # "great white shark" -> great_white_shark
+            files.append(f"{mode}_{i:03d}_{name}.png")
+            save_png(img, self.staging / files[-1])
+            records.append({"mode": mode, "index": i, **record, **s.to_dict()})
+        self.batches.append((mode, files, records, result))
 
     def grid(self, mode: str) -> None:
-        images = torch.cat(self.pictures[mode])
-        self._save(f"{mode}_grid.png", lambda path: save_png(grid_image(images), path))
+        images = torch.cat([result.images for m, _, _, result in self.batches if m == mode])
+        save_png(grid_image(images), self.staging / f"{mode}_grid.png")
+        self.grids.append(f"{mode}_grid.png")
+
+    @property
+    def written(self) -> list[str]:
+        return [name for _, files, _, _ in self.batches for name in files] + self.grids
 
     def finish(self, backend: str) -> None:
+        self._report(backend)
+        self._move_into_place()
+        self.close()
+
+    def keep_finished(self, backend: str) -> None:
+        """After an interruption: the finished images stay, with their table, statistics and tokens, unless they
+        would replace an earlier run."""
+        if self.earlier is None and self.written:
+            self._report(backend)
+            self._move_into_place()
+
+    def _report(self, backend: str) -> None:
+        """The table of the images generated, and the --stats-json and --save-tokens files."""
         rows = [f"{'mode':8} {'images':>6} {'TPF':>6} {'target fwd/img':>15} {'skipped/img':>12} "
                 f"{'accept len':>10} {'accepted':>9} {'s/img':>8}"]
+        by_mode: dict[str, list] = {}
+        for mode, _, _, result in self.batches:
+            by_mode.setdefault(mode, []).extend(result.stats)
         summary = {}
-        for mode, stats in self.by_mode.items():
+        for mode, stats in by_mode.items():
             agg = aggregate(stats)
             summary[mode] = agg
             n = agg["images"]
@@ -191,23 +208,17 @@ class RunWriter:
         print(f"backend {backend}; images and grids in {self.out}/"
               + (f", statistics in {self.stats_json}" if self.stats_json else ""))
         if self.stats_json:
-            payload = {"backend": backend, "images": self.images,
+            images = [record for _, _, records, _ in self.batches for record in records]
+            payload = {"backend": backend, "images": images,
                        "aggregate": summary[next(iter(summary))] if len(summary) == 1 else summary}
             atomic_write(self.stats_json, lambda tmp: tmp.write_text(json.dumps(payload, indent=1) + "\n"))
         if self.save_tokens:
-            arr = torch.cat(self.tokens).numpy()
+            arr = torch.cat([result.tokens for *_, result in self.batches]).numpy()
             def write(tmp: Path) -> None:
                 with open(tmp, "wb") as f:
                     np.save(f, arr)
 
             atomic_write(self.save_tokens, write)
-        self._move_into_place()
-        self.close()
-
-    def keep_finished(self) -> None:
-        """After an interruption: the finished images stay, unless they would replace an earlier run."""
-        if self.earlier is None and self.written:
-            self._move_into_place()
 
     def _move_into_place(self) -> None:
         """The earlier run's index goes first and this run's comes last, so no index ever names a missing file."""

@@ -16,6 +16,7 @@ import click
 from vvs.errors import VVSError
 from vvs.families.base import Family
 from vvs.families.registry import FAMILIES
+from vvs.runtime.conditions import class_of
 from vvs.runtime.options import OptionsError
 
 
@@ -203,13 +204,11 @@ def resolve_classes(values: tuple[str, ...], names: list[str] | None, num_classe
         return [i % num_classes for i in range(count)]
     ids = []
     for v in values:
-        if v.isascii() and v.lstrip("-").isdigit():
-            ids.append(int(v))
-        elif names and v in names:
-            ids.append(names.index(v))
-        else:
+        found = class_of(v, names or ())
+        if found is None:
             known = f"; known names: {', '.join(names)}" if names else ""
             raise VVSError(f"option --class {v!r}: not a class id or name{known}")
+        ids.append(found)
     for i in ids:
         if not 0 <= i < num_classes:
             raise VVSError(f"option --class {i}: out of range, the model has {num_classes} classes (0-{num_classes - 1})")
@@ -257,11 +256,14 @@ def resolve_prompts(prompts: tuple[str, ...], prompts_file: str | None, count: i
         except OSError as err:
             raise VVSError(f"option --prompts {prompts_file}: cannot read it ({err.strerror or err})") from None
         texts += [line for line in lines if line.strip()]
+        if not texts:
+            raise VVSError(f"option --prompts {prompts_file}: the file holds no prompts; write one prompt a line "
+                           "(blank lines are skipped)")
     if not texts:
         raise VVSError("this folder's model is text-conditional: give --prompt TEXT or --prompts FILE")
     for i, text in enumerate(texts):
         if not text.strip():
-            raise VVSError(f"option --prompt: prompt {i + 1} is empty; describe the image to generate")
+            raise VVSError(f"option --prompt: prompt {i + 1} of {len(texts)} is empty; describe the image to generate")
     count = count or len(texts)
     if count < len(texts):
         raise VVSError(f"option --num-images {count}: fewer than the {len(texts)} prompts given; ask for at least "

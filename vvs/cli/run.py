@@ -52,7 +52,7 @@ def run_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, 
     pipe = make_pipeline(engines, manifest, batch_size)
     modes = modes or [pipe.options.mode]
     for mode in modes:  # every mode's options are checked before the first image
-        pipe.options_for(**{**family.mode_names[mode], **overrides})
+        pipe.options_for(mode, **overrides)
     writer = RunWriter(Path(out), stats_json, save_tokens, overwrite)  # checks every output path before any work
     try:
         with tqdm(total=len(modes) * len(labels), desc="generate", unit="img", dynamic_ncols=True) as bar:
@@ -61,13 +61,13 @@ def run_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, 
                     chunk = labels[start : start + batch_size]
                     bar.set_postfix_str(mode)
                     result = pipe.generate(as_conditions(chunk), seed=seeds[start : start + batch_size],
-                                           **{**family.mode_names[mode], **overrides})
+                                           mode=mode, **overrides)
                     writer.add(mode, start, chunk, result, names)
                     bar.update(len(chunk))
                 writer.grid(mode)
         writer.finish(engines.backend)
     except KeyboardInterrupt:
-        writer.keep_finished()
+        writer.keep_finished(engines.backend)
         raise
     finally:
         writer.close()

@@ -28,8 +28,7 @@ class Family:
     name: str  # ``--model NAME`` and the manifest's ``model.family``
     label: str  # how messages name it: "LlamaGen", "MAR"
     summary: str  # one line for ``vvs-export --help``
-    options: type  # its decoding options dataclass (``from_dict``, ``updated``, ``to_dict``)
-    mode_names: dict[str, dict]  # what ``--mode`` accepts -> option overrides
+    options: type  # its decoding options dataclass (``from_dict``, ``updated``, ``to_dict``, ``NAMED_MODES``)
     bench_modes: tuple[str, ...]  # ``vvs-bench``'s default modes
     mode_help: str  # what its modes are, for ``--mode``'s help
     # the manifest: this family's part of the JSON Schema (applied where ``model.family`` is its name), and the
@@ -58,6 +57,11 @@ class Family:
     write_defaults: str | None = None  # (folder, defaults, record): stores what --tune picked
     serve: bool = False  # vvs-serve
     train_commands: tuple[str, ...] = ()  # its ``vvs-train`` subcommands ("module:command")
+
+    @property
+    def mode_names(self) -> dict[str, dict]:
+        """What ``--mode`` and the HTTP APIs accept -> the options each name stands for."""
+        return self.options.NAMED_MODES
     # what a user who asks for something the family lacks should do instead, by ability ("tune", "scale", ...)
     instead: dict[str, str] = field(default_factory=dict)
 

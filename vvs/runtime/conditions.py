@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from vvs.errors import VVSError
+from vvs.errors import VVSError, json_value
 from vvs.runtime.options import OptionsError
 
 
@@ -31,9 +31,19 @@ class Conditioning(Protocol):
         """The guidance null of ``n`` images, in the graphs' dtype on the engines' device."""
 
 
-def class_ids(conditions, num_classes: int) -> torch.Tensor:
-    """``[n]`` int64 class ids from a list, tuple or integer tensor/array; anything else is an error. The range is
-    checked on Python ints, before any tensor: ids beyond int64 would overflow one."""
+def class_of(text: str, names) -> int | None:
+    """The class id a text names: an id written as digits or one of the folder's class ``names``; None if
+    neither. The one vocabulary of ``vvs-run --class``, the Pipeline and the HTTP APIs."""
+    text = text.strip()
+    if text.isascii() and text.isdigit():
+        return int(text)
+    return list(names).index(text) if text in names else None
+
+
+def class_ids(conditions, num_classes: int, names=()) -> torch.Tensor:
+    """``[n]`` int64 class ids from a list, tuple or integer tensor/array; a list may name classes as text
+    (:func:`class_of`); anything else is an error. The range is checked on Python ints, before any tensor: ids
+    beyond int64 would overflow one."""
     if isinstance(conditions, (torch.Tensor, np.ndarray)):
         values = torch.as_tensor(conditions)
         if values.dtype.is_floating_point or values.dtype in (torch.bool, torch.complex64, torch.complex128):
@@ -42,10 +52,7 @@ def class_ids(conditions, num_classes: int) -> torch.Tensor:
             raise OptionsError(f"class ids must be a 1-D tensor [n], got shape {list(values.shape)}")
         ids = values.tolist()
     elif isinstance(conditions, (list, tuple)):
-        wrong = next((c for c in conditions if not isinstance(c, (int, np.integer)) or isinstance(c, bool)), None)
-        if wrong is not None:
-            raise OptionsError(f"class id {wrong!r} is not an integer; pass integer class ids")
-        ids = [int(c) for c in conditions]
+        ids = [_class_id(c, num_classes, names) for c in conditions]
     else:
         raise OptionsError(f"conditions must be a list or tensor of class ids, got {type(conditions).__name__}")
     if not ids:
@@ -55,6 +62,19 @@ def class_ids(conditions, num_classes: int) -> torch.Tensor:
         raise OptionsError(f"class id {bad} is out of range: the model has {num_classes} classes "
                            f"(0-{num_classes - 1})")
     return torch.tensor(ids, dtype=torch.long)
+
+
+def _class_id(value, num_classes: int, names) -> int:
+    if isinstance(value, str):
+        found = class_of(value, names)
+        if found is None:
+            known = f" or a name ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})" if names else ""
+            raise OptionsError(f"{value[:60]!r} is not a class of this class-conditional model; give a class id "
+                               f"(0-{num_classes - 1}){known}")
+        return found
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise OptionsError(f"class id {json_value(value)} is not an integer; pass integer class ids or class names")
+    return int(value)
 
 
 def captions(conditions, caption_mask, slots: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
-from vvs.errors import VVSError
+from vvs.errors import VVSError, json_value
 
 MODES = ("ar", "sd", "lantern", "vvs", "sjd", "sjd-pac", "gsd")
 # drafter-free modes: a window of drafts refined by the target alone (vvs.runtime.jacobi), and the window length
@@ -48,7 +48,7 @@ class OptionsError(VVSError):
 
     @classmethod
     def bad(cls, option: str, value, why: str) -> "OptionsError":
-        return cls(f"option {option}={value!r}: {why}", option, value, why)
+        return cls(f"option {option}={json_value(value)}: {why}", option, value, why)
 
 
 class TreeShape(NamedTuple):
@@ -86,7 +86,13 @@ def check_types(options) -> None:
 
 
 class OptionsBase:
+    """A family's decoding options. ``NAMED_MODES``: the mode names users type (``--mode``, the HTTP APIs, the
+    page) -> the options each stands for; ``updated(mode=name)`` takes them."""
+    NAMED_MODES: ClassVar[dict[str, dict]] = {}
+
     def updated(self, **changes):
+        if changes.get("mode") in self.NAMED_MODES:  # a named mode, then the explicit options over it
+            changes = {**self.NAMED_MODES[changes["mode"]], **{k: v for k, v in changes.items() if k != "mode"}}
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
             raise OptionsError(f"unknown option(s): {', '.join(sorted(unknown))}; known: "
@@ -103,6 +109,7 @@ class OptionsBase:
 
 @dataclass(frozen=True)
 class DecodeOptions(OptionsBase):
+    NAMED_MODES: ClassVar[dict[str, dict]] = MODE_NAMES
     mode: str = "vvs"
     # sampling (target and drafter share one logits processor: temperature -> top-k -> top-p)
     temperature: float = 1.0  # 0 = greedy
@@ -216,6 +223,11 @@ class DecodeOptions(OptionsBase):
     @property
     def uses_drafter(self) -> bool:
         return self.mode not in ("ar", *WINDOW_MODES)
+
+    @property
+    def exact(self) -> bool:
+        """Whether the images follow the target's own distribution (the released SJD-PAC rule does not)."""
+        return self.mode in EXACT_MODES and not (self.mode == "sjd-pac" and self.pac_rule != "exact")
 
     @property
     def jacobi(self) -> bool:

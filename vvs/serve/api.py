@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from vvs.errors import VVSError
+from vvs.errors import VVSError, json_value
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Generation
 
@@ -49,8 +49,8 @@ class GenerateRequest:
         return len(self.conditions)
 
 
-def parse_generate(body: bytes, content_type: str | None, text_conditional: bool, max_images: int) -> GenerateRequest:
-    """Check the shape of a request; the values are checked by the Pipeline (``OptionsError``: a 400)."""
+def json_object(body: bytes, content_type: str | None, fields: tuple[str, ...]) -> dict:
+    """A request body that must be a JSON object (``fields``: what it may hold, for the message)."""
     if (content_type or "").split(";")[0].strip().lower() != "application/json":
         raise ApiError(415, f"Content-Type must be application/json, got {content_type or 'none'}")
     try:
@@ -60,7 +60,13 @@ def parse_generate(body: bytes, content_type: str | None, text_conditional: bool
     except RecursionError:
         raise ApiError(400, "JSON nested too deeply for a generate request") from None
     if not isinstance(data, dict):
-        raise ApiError(400, f"the body must be a JSON object with {', '.join(FIELDS)}")
+        raise ApiError(400, f"the body must be a JSON object with {', '.join(fields)}")
+    return data
+
+
+def parse_generate(body: bytes, content_type: str | None, text_conditional: bool, max_images: int) -> GenerateRequest:
+    """Check the shape of a request; the values are checked by the Pipeline (``OptionsError``: a 400)."""
+    data = json_object(body, content_type, FIELDS)
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise ApiError(400, f"unknown field(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}")
@@ -80,19 +86,24 @@ def parse_generate(body: bytes, content_type: str | None, text_conditional: bool
     timeout = data.get("timeout")  # checked by the Pipeline, as every value
     decode = data.get("decode", True)
     if not isinstance(decode, bool):
-        raise ApiError(400, f"decode must be true or false, got {decode!r}")
+        raise ApiError(400, f"decode must be true or false, got {json_value(decode)}")
     mode = data.get("mode")
     if mode is not None and not isinstance(mode, str):
-        raise ApiError(400, f"mode must be a string, got {mode!r}")
+        raise ApiError(400, f"mode must be a string, got {json_value(mode)}")
     mask = None
-    if any(isinstance(c, str) for c in conditions):  # prompts: the Pipeline checks them against the model
+    if any(isinstance(c, str) for c in conditions):  # prompts or class names: the Pipeline checks them
         if "caption_mask" in data:
             raise ApiError(400, "caption_mask goes with caption embeddings, not with prompts")
     elif text_conditional:
+        if not all(isinstance(c, list) for c in conditions):
+            raise ApiError(400, f"conditions: got {json_value(conditions)}, but this model is text-conditional; "
+                                "give prompts (strings), or caption embeddings [n, C, D] with caption_mask")
+        if "caption_mask" not in data:
+            raise ApiError(400, "caption_mask: caption embeddings need their mask [n, C] (true for the valid slots)")
         conditions = _tensor(conditions, torch.float32, "conditions")
-        mask = _tensor(data.get("caption_mask"), torch.bool, "caption_mask")
+        mask = _tensor(data["caption_mask"], torch.bool, "caption_mask")
     elif "caption_mask" in data:
-        raise ApiError(400, "caption_mask: this model is class-conditional; give class ids only")
+        raise ApiError(400, "caption_mask: this model is class-conditional; give class ids or names only")
     return GenerateRequest(conditions, mask, mode, data.get("seed", 0), options, timeout, decode)
 
 

@@ -3,7 +3,9 @@
 Ray Serve carries HTTP, spreads requests over replicas (on one machine or a cluster), restarts replicas that
 die or fail their health check, autoscales, and exports metrics; each replica merges the requests it is given
 into running batches (continuous batching). Routes: ``POST /v1/generate`` (:mod:`vvs.serve.api`),
-``GET /v1/model``, ``GET /healthz``, and ``GET /``: a page that shows the modes side by side (``page.html``).
+``GET /v1/model``, OpenAI's ``POST /v1/images/generations`` and ``GET /v1/models``
+(:mod:`vvs.serve.openai_images`), ``GET /healthz``, and ``GET /``: a page that shows the modes side by side
+(``page.html``).
 """
 from __future__ import annotations
 
@@ -21,10 +23,12 @@ from starlette.responses import HTMLResponse, JSONResponse
 from vvs.engines import load_engines
 from vvs.engines.manifest import read_manifest
 from vvs.errors import VVSError
-from vvs.runtime.options import EXACT_MODES, MODES, DecodeOptions, OptionsError
+from vvs.runtime.options import OptionsError
 from vvs.runtime.pipeline import Pipeline
 from vvs.runtime.scheduler import Busy, RequestTimeout
-from vvs.serve.api import ApiError, generation_response, parse_generate
+from vvs.families.registry import family_of
+from vvs.serve.api import ApiError, GenerateRequest, generation_response, parse_generate
+from vvs.serve.openai_images import ServedModel, error_body, images_response, parse_images_request
 from vvs.serve.drain import ReplicaDrain
 
 
@@ -42,9 +46,15 @@ class VVSServer:
         self.pipe = Pipeline(load_engines(engine_dir, backend, device=device, threads=threads),
                              max_batch=max_batch, max_queue=max_queue)
         self.max_images, self.max_request_bytes = max_images, max_request_bytes
-        self.class_names = read_manifest(Path(engine_dir))["model"].get("classes") or []
-        self.modes = [{"name": mode, "exact": mode in EXACT_MODES} for mode in MODES
-                      if self.pipe.engines.has_drafter or not DecodeOptions(mode=mode).uses_drafter]
+        manifest = read_manifest(Path(engine_dir))
+        self.class_names = manifest["model"].get("classes") or []
+        family = family_of(manifest)
+        text = family.condition_kind(manifest) == "text"
+        self.served = ServedModel(f"{family.name}-{'t2i' if text else 'c2i'}", manifest["model"].get("image_size", 0), text,
+                                  max_images, type(self.pipe.options))
+        named = {name: self.pipe.options.updated(mode=name) for name in self.pipe.options.NAMED_MODES}
+        self.modes = [{"name": name, "exact": opts.exact} for name, opts in named.items()
+                      if self.pipe.engines.has_drafter or not opts.uses_drafter]
         self.drain = ReplicaDrain()
         self.requests = metrics.Counter("vvs_requests", "Generate requests by outcome.", tag_keys=("status",))
         self.images = metrics.Counter("vvs_images", "Images generated.")
@@ -54,6 +64,7 @@ class VVSServer:
     async def __call__(self, request: Request) -> JSONResponse:
         self.drain.watch()
         routes = {"/v1/generate": ("POST", self.generate), "/v1/model": ("GET", self.model),
+                  "/v1/images/generations": ("POST", self.images_generations), "/v1/models": ("GET", self.models),
                   "/healthz": ("GET", self.health), "/": ("GET", self.page)}
         path = request.url.path.removeprefix(request.scope.get("root_path", ""))  # under the app's route prefix
         route = routes.get(path.rstrip("/") or "/")
@@ -65,12 +76,26 @@ class VVSServer:
         return await handler(request)
 
     async def generate(self, request: Request) -> JSONResponse:
+        return await self._serve(request, self._parse_generate, generation_response, _error)
+
+    async def images_generations(self, request: Request) -> JSONResponse:
+        return await self._serve(request, self._parse_images, images_response, _openai_error)
+
+    def _parse_generate(self, body: bytes, content_type: str | None) -> GenerateRequest:
+        return parse_generate(body, content_type, self.served.text_conditional, self.max_images)
+
+    def _parse_images(self, body: bytes, content_type: str | None) -> GenerateRequest:
+        return parse_images_request(body, content_type, self.served)
+
+    async def _serve(self, request: Request, parse, answer, error) -> JSONResponse:
+        """A generate request of either API: ``parse`` (body, content type) -> :class:`GenerateRequest`,
+        ``answer`` (generation) -> the JSON body, ``error`` (status, message, headers, param) -> the refusal."""
         if self.drain.stopping:
-            return _error(503, "this service is stopping; retry on another instance", {"Retry-After": "1"})
+            return error(503, "this service is stopping; retry on another instance", {"Retry-After": "1"})
         start = time.perf_counter()
         self.drain.held += 1
         try:
-            response = await self._generate(request)
+            response = await self._run(request, parse, answer, error)
         finally:
             self.drain.held -= 1
         self.requests.inc(tags={"status": str(response.status_code)})
@@ -78,12 +103,11 @@ class VVSServer:
             self.latency.observe(time.perf_counter() - start)
         return response
 
-    async def _generate(self, request: Request) -> JSONResponse:
+    async def _run(self, request: Request, parse, answer, error) -> JSONResponse:
         job = None
         marks = [time.perf_counter()]
         try:
-            req = parse_generate(await _body(request, self.max_request_bytes), request.headers.get("content-type"),
-                                 self.pipe.engines.conditioning.kind == "text", self.max_images)
+            req = parse(await _body(request, self.max_request_bytes), request.headers.get("content-type"))
             marks.append(time.perf_counter())
             job = self.pipe.submit(req.conditions, req.mode, req.seed, caption_mask=req.caption_mask,
                                    timeout=req.timeout, **req.options)
@@ -99,19 +123,22 @@ class VVSServer:
                 job.cancel()
             raise
         except ApiError as err:
-            return _error(err.status, str(err))
+            return error(err.status, str(err), param=getattr(err, "param", None))
         except OptionsError as err:
-            return _error(400, str(err))
+            return error(400, str(err), param=err.option)
         except Busy as err:
-            return _error(503, str(err), {"Retry-After": "1"})
+            return error(503, str(err), {"Retry-After": "1"})
         except RequestTimeout as err:
-            return _error(504, str(err))
+            return error(504, str(err))
         except VVSError as err:
-            return _error(500, str(err))
+            return error(500, str(err))
         self.images.inc(len(gen.stats))
-        body = generation_response(gen)
+        body = answer(gen)
         marks.append(time.perf_counter())
         return JSONResponse(body, headers={"Server-Timing": server_timing(marks)})
+
+    async def models(self, request: Request) -> JSONResponse:
+        return JSONResponse(self.served.listing())
 
     async def model(self, request: Request) -> JSONResponse:
         cfg = self.pipe.engines.target
@@ -165,9 +192,16 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": message.splitlines()[0] if message else "error"}, status_code=status,
-                        headers=headers)
+def _error(status: int, message: str, headers: dict | None = None, param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": _line(message)}, status_code=status, headers=headers)
+
+
+def _openai_error(status: int, message: str, headers: dict | None = None, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, _line(message), param), status_code=status, headers=headers)
+
+
+def _line(message: str) -> str:
+    return message.splitlines()[0] if message else "error"
 
 
 def start_ray(address: str | None = None, **init) -> None:

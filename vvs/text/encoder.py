@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from vvs.errors import json_value
 from vvs.runtime.options import OptionsError
 from vvs.text.clean import preprocess
 
@@ -78,11 +79,12 @@ def check_prompts(prompts) -> list[str]:
         raise OptionsError(f"prompts must be a list of strings, got {type(prompts).__name__}")
     if not prompts:
         raise OptionsError("no prompts given; pass at least one")
-    for i, prompt in enumerate(prompts):
+    for i, prompt in enumerate(prompts, 1):  # counted from 1, as vvs-run counts them
         if not isinstance(prompt, str):
-            raise OptionsError(f"prompt {i} is not a string: {prompt!r} ({type(prompt).__name__})")
+            raise OptionsError(f"prompt {i} of {len(prompts)} is not a string: {json_value(prompt)} "
+                               f"({type(prompt).__name__})")
         if not prompt.strip():
-            raise OptionsError(f"prompt {i} is empty; describe the image to generate")
+            raise OptionsError(f"prompt {i} of {len(prompts)} is empty; describe the image to generate")
     return list(prompts)
 
 

@@ -15,12 +15,14 @@ from vvs.runtime.options import OptionsError
 class ClassConditioning:
     num_classes: int
     null_class: int
+    names: tuple[str, ...] = ()  # the folder's class names, which conditions may give instead of ids
     kind: str = "class"
 
     def prepare(self, engines, conditions, caption_mask):
-        if isinstance(conditions, (list, tuple)) and any(isinstance(c, str) for c in conditions):
-            raise OptionsError("prompts given, but this model is class-conditional; pass class ids")
-        return class_ids(conditions, self.num_classes), None
+        if caption_mask is not None:
+            raise OptionsError("caption_mask goes with caption embeddings; this model is class-conditional, give "
+                               "class ids or names only")
+        return class_ids(conditions, self.num_classes, self.names), None
 
     def null(self, engines, n: int) -> torch.Tensor:
         return torch.full((n,), self.null_class, dtype=torch.long, device=engines.device)
@@ -41,14 +43,19 @@ class CaptionConditioning:
             if caption_mask is not None:
                 raise OptionsError("caption_mask goes with caption embeddings, not with prompts")
             return engines.text.encode(conditions)
+        if isinstance(conditions, (list, tuple)) or (isinstance(conditions, torch.Tensor) and conditions.dim() == 1):
+            raise OptionsError("this model is text-conditional: give prompts (a list of strings), or caption "
+                               f"embeddings [n, {self.slots}, {self.width}] with caption_mask; class ids have no "
+                               "meaning here")
         return captions(conditions, caption_mask, self.slots, self.width)
 
     def null(self, engines, n: int) -> torch.Tensor:
         return self.uncond_embedding.to(engines.device, engines.dtype).expand(n, -1, -1)
 
 
-def conditioning(target, uncond_embedding: torch.Tensor | None):
-    """The conditioning of a GPT config (``uncond_embedding``: a t2i target's, from its weights or the tables)."""
+def conditioning(target, uncond_embedding: torch.Tensor | None, class_names=()):
+    """The conditioning of a GPT config (``uncond_embedding``: a t2i target's, from its weights or the tables;
+    ``class_names``: a c2i folder's, from its manifest)."""
     if target.model_type == "c2i":
-        return ClassConditioning(target.num_classes, target.null_class)
+        return ClassConditioning(target.num_classes, target.null_class, tuple(class_names))
     return CaptionConditioning(target.cls_token_num, target.caption_dim, uncond_embedding)

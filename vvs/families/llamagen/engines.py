@@ -60,7 +60,7 @@ def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device)
         device=device,
         dtype=torch.float16 if act == "float16" else torch.float32,
         max_draft_top_k=manifest["max_draft_top_k"],
-        conditioning=conditioning(target, tables.get("null_condition")),
+        conditioning=conditioning(target, tables.get("null_condition"), manifest["model"].get("classes", ())),
         neighbour_table=tables["neighbours"].to(device),
         default_options=manifest["decoding_defaults"],
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 from pathlib import Path
 
 import onnx
@@ -108,6 +109,7 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
                 "target": bundle.target.config.to_dict(),
                 **({} if drafter is None else {"drafter": drafter.to_dict()}),
                 "vq": bundle.vq.config.to_dict(),
+                "image_size": bundle.target.config.grid_size * bundle.vq.config.downsample,
                 **(extra_model_info or {}),
             },
             "precision": precision,
@@ -137,7 +139,10 @@ def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, Gr
     target = GPTConfig(**manifest["model"]["target"])
     act = graph_spec(manifest, "draft_tree").inputs[0].dtype
     spec = draft_tree_spec(target, DrafterConfig(**manifest["model"]["drafter"]), tree, act)
-    if not _recorded_intact(path):
+    damage = _damage(path)
+    if damage is not None:
+        if damage != NOT_EXPORTED:  # a user should know that a file of their folder changed
+            print(f"vvs: {path}: {damage}; exporting it again", file=sys.stderr)
         gpt = load_gpt(folder / TORCH_WEIGHTS["target"])
         module = draft_tree_graph(gpt, load_drafter(folder / TORCH_WEIGHTS["drafter"], gpt.config), tree)
         cast_floating(module, DTYPES[act])
@@ -157,19 +162,27 @@ def _tree_index(trees: Path) -> dict:
     return index if isinstance(index, dict) else {}
 
 
-def _recorded_intact(path: Path) -> bool:
-    """``path`` and its external data exist with the size and sha256 recorded when they were exported."""
+NOT_EXPORTED = "not exported yet"
+
+
+def _damage(path: Path) -> str | None:
+    """What is wrong with ``path`` and its external data against the size and sha256 recorded when they were
+    exported (:data:`NOT_EXPORTED` when nothing was recorded), or None."""
     files = _tree_index(path.parent).get(path.name)
     if not isinstance(files, dict) or path.name not in files:
-        return False
+        return NOT_EXPORTED
     for name, record in files.items():
         f = path.parent / name
         try:
-            if f.stat().st_size != record["bytes"] or file_record(f)["sha256"] != record["sha256"]:
-                return False
+            if f.stat().st_size != record["bytes"]:
+                return f"{name} is {f.stat().st_size} bytes, not the {record['bytes']} recorded when it was exported"
+            if file_record(f)["sha256"] != record["sha256"]:
+                return f"{name} does not match the sha256 recorded when it was exported (edited or damaged)"
+        except FileNotFoundError:
+            return f"{name} is missing"
         except (OSError, TypeError, KeyError):
-            return False
-    return True
+            return f"{name} cannot be checked against its record"
+    return None
 
 
 def _record(trees: Path, files: list[Path]) -> None:
@@ -230,11 +243,10 @@ def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
     shipped = shipped_info() if not (o["checkpoint"] or o["drafter"] or o["vq"]) else None
     extra, defaults, text_encoder = {}, {}, o["text_encoder"]
     if shipped and o["t2i"]:  # the shipped text-to-image pair, with its own encoder unless another is given
-        extra = {"image_size": shipped["image_size"]}
         defaults = shipped_info("shipped_t2i.json")["decoding_defaults"]
         text_encoder = text_encoder or str(shipped_text_encoder())
     elif shipped:
-        extra = {"classes": [c["name"] for c in shipped["classes"]], "image_size": shipped["image_size"]}
+        extra = {"classes": [c["name"] for c in shipped["classes"]]}
         defaults = shipped["decoding_defaults"]
     encoder = None
     if text_encoder:

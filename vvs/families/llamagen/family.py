@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from vvs.families.base import DecodingFlag, Family
-from vvs.runtime.options import MODE_NAMES, PAC_RULES, SKIP_POLICIES, DecodeOptions
+from vvs.runtime.options import PAC_RULES, SKIP_POLICIES, DecodeOptions
 
 SCALE_SIZES = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XXL", "GPT-XXXL", "GPT-1B", "GPT-3B", "GPT-7B")
 M = "vvs.families.llamagen"
@@ -15,7 +15,6 @@ FAMILY = Family(
     label="LlamaGen",
     summary="discrete VQ tokens, class- or text-conditional; VVS, EAGLE-2, LANTERN",
     options=DecodeOptions,
-    mode_names=MODE_NAMES,
     bench_modes=("ar", "sd", "lantern", "vvs-uniform", "vvs-dynamic", "sjd", "sjd-pac", "gsd"),
     mode_help="ar, sd, sjd and sjd-pac sample the target's distribution exactly; lantern, vvs and gsd change it by "
               "design, vvs committing a skipped cycle's drafts unverified, gsd accepting a draft for its group of "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from vvs.families.base import DecodingFlag, Family
-from vvs.families.mar.options import ACCEPT_RULES, MAR_MODE_NAMES, MAROptions
+from vvs.families.mar.options import ACCEPT_RULES, MAROptions
 
 M = "vvs.families.mar"
 
@@ -14,7 +14,6 @@ FAMILY = Family(
     label="MAR",
     summary="continuous tokens from a diffusion head; continuous speculative decoding",
     options=MAROptions,
-    mode_names=MAR_MODE_NAMES,
     bench_modes=("ar", "cspd"),
     mode_help="ar is MAR's own sampler; cspd is continuous speculative decoding, exact with --accept-rule exact or "
               "trajectory",

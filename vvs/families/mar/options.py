@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from vvs.runtime.options import CFG_RANGE, MAX_CFG_SCALE, OptionsBase, OptionsError, check_types
 
@@ -15,6 +16,7 @@ CFG_SCHEDULES = ("linear", "constant")
 class MAROptions(OptionsBase):
     """Decoding knobs of MAR-style continuous-token models (MAR's ``sample_tokens`` and CSpD's runner)."""
 
+    NAMED_MODES: ClassVar[dict[str, dict]] = MAR_MODE_NAMES
     mode: str = "cspd"
     num_iter: int = 64  # generation steps (cosine schedule of tokens still masked)
     cfg_scale: float = 1.0  # guidance above 1, on the diffusion head's epsilon
@@ -26,6 +28,11 @@ class MAROptions(OptionsBase):
     max_residual_tries: int = 100  # acceptance-rejection tries for a rejected token before the defined fallback
     accept_rule: str = "exact"  # exact | trajectory (both lossless) | official (the released rule, lossy)
     official_windows: bool = False  # verify at multiples of draft_steps, guided by the window's last step (release)
+
+    @property
+    def exact(self) -> bool:
+        """Whether the images follow the target's own distribution (the released acceptance rule does not)."""
+        return self.mode == "ar" or self.accept_rule != "official"
 
     def __post_init__(self):
         def bad(name, why):
