@@ -29,7 +29,18 @@ def conditionals(pipe, conditions: torch.Tensor, tokens: torch.Tensor, cfg_scale
 
 def pit_pvalues(probs: torch.Tensor, tokens: torch.Tensor, seed: int = 0) -> tuple[float, float]:
     """KS p-values of the randomised PIT values of ``tokens [n, N]`` under ``probs [n, N, V]``: all positions
-    jointly, and the worst single position (Bonferroni-adjusted over the N positions)."""
+    jointly, and the worst single position (Bonferroni-adjusted over the N positions), each the smaller of two
+    orderings of the codes (Bonferroni-adjusted over the two): by index, and by descending probability. Any
+    ordering that is a function of the prefix keeps the values uniform under an exact sampler; the second turns a
+    sampler that moves mass between likely and unlikely codes (an acceptance against p^0.9) into a shift of the
+    values towards one end, which the index order scatters and hides."""
+    by_index = _pit(probs, tokens, seed)
+    order = probs.argsort(-1, descending=True, stable=True)  # ties by index: still a function of the prefix
+    by_probability = _pit(probs.gather(-1, order), order.argsort(-1).gather(-1, tokens[..., None]).squeeze(-1), seed)
+    return tuple(min(1.0, 2 * min(a, b)) for a, b in zip(by_index, by_probability))
+
+
+def _pit(probs: torch.Tensor, tokens: torch.Tensor, seed: int) -> tuple[float, float]:
     px = probs.gather(-1, tokens[..., None]).squeeze(-1)
     below = probs.cumsum(-1).gather(-1, tokens[..., None]).squeeze(-1) - px
     v = torch.rand(tokens.shape, generator=torch.Generator().manual_seed(seed), dtype=probs.dtype)

@@ -49,8 +49,8 @@ def residual_is_p(self, p, q, u):
 
 
 def tempered_test(self, p, x, q, u):
-    """Drafts tested against p^0.7."""
-    flat = p ** 0.7
+    """Drafts tested against p^0.9 (ordered by index alone, the PIT missed this at 3,000 images)."""
+    flat = p ** 0.9
     return _test(self, flat / flat.sum(-1, keepdim=True), x, q, u)
 
 
