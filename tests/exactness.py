@@ -35,8 +35,8 @@ def pit_pvalues(probs: torch.Tensor, tokens: torch.Tensor, seed: int = 0) -> tup
     sampler that moves mass between likely and unlikely codes (an acceptance against p^0.9) into a shift of the
     values towards one end, which the index order scatters and hides."""
     by_index = _pit(probs, tokens, seed)
-    order = probs.argsort(-1, descending=True, stable=True)  # ties by index: still a function of the prefix
-    by_probability = _pit(probs.gather(-1, order), order.argsort(-1).gather(-1, tokens[..., None]).squeeze(-1), seed)
+    ordered, order = torch.sort(probs, dim=-1, descending=True, stable=True)  # ties by index: a function of the prefix
+    by_probability = _pit(ordered, order.argsort(-1).gather(-1, tokens[..., None]).squeeze(-1), seed)
     return tuple(min(1.0, 2 * min(a, b)) for a, b in zip(by_index, by_probability))
 
 
