@@ -124,6 +124,20 @@ def post_retrying_dropped_connections(port: int, classes: list[int], seed: int) 
         time.sleep(0.5)
 
 
+def exposed_listeners(pid: int) -> set[tuple[str, str]]:
+    """(address, process name) of the sockets the process and its descendants (a local Ray instance: GCS, raylet,
+    workers, agents) listen on beyond loopback."""
+    import ipaddress
+
+    import psutil
+
+    processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    names = {p.pid: p.name() for p in processes}
+    return {(c.laddr.ip, names[c.pid]) for c in psutil.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN and c.pid in names
+            and not ipaddress.ip_address(c.laddr.ip.removeprefix("::ffff:")).is_loopback}
+
+
 def health(port: int) -> int:
     try:
         return urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10).status
@@ -133,7 +147,8 @@ def health(port: int) -> int:
 
 @pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
 def test_vvs_serve_drains_in_flight_requests_when_interrupted(tiny_folder, sig, code, word):
-    """Ctrl-C or SIGTERM on vvs-serve (a real local Ray instance in a subprocess): the request being decoded still
+    """Ctrl-C or SIGTERM on vvs-serve (a real local Ray instance in a subprocess, on loopback: Ray's services
+    listen there too): the request being decoded still
     gets its 200 (it was cut off before; SIGTERM was Ray's own handler, which dropped it and exited 15), /healthz
     turns 503 so that a load balancer stops routing, a request sent then gets 503 with Retry-After (Ray's proxy
     answered 404, which a load balancer does not retry), and the process exits 130 / 143 with one line."""
@@ -141,6 +156,9 @@ def test_vvs_serve_drains_in_flight_requests_when_interrupted(tiny_folder, sig, 
     port = free_port()
     proc = start_serve(tiny_folder, port, "--grace-s", "60", "--max-images", "128")
     try:
+        # Ray's own services too, not only the HTTP proxy; but Ray Serve 2.60 binds each replica's gRPC port for
+        # calls between deployments to every interface, hard-coded (vvs makes no such calls)
+        assert {name for _, name in exposed_listeners(proc.pid)} <= {"ray::ServeReplica:vvs:vvs"}
         answer = {}
         start = time.monotonic()
         worker = threading.Thread(target=lambda: answer.update(status=post(port, [i % 10 for i in range(128)])[0],

@@ -71,6 +71,11 @@ def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_
         cpus_per_replica = 1 if autoscaling else max(1, (os.cpu_count() or 1) // replicas)
     if gpus_per_replica is None:
         gpus_per_replica = 1 if backend in ("tensorrt", "tensorrt-rtx") or (device or "").startswith("cuda") else 0
+    if address is None and is_loopback(host):
+        # a local instance for a loopback service keeps Ray's own services (GCS, raylet, workers, agents) on
+        # loopback too; they listen on every interface unless Ray takes the machine for one that cannot join a
+        # cluster, which this switch says (read when ray is imported, so set before)
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     try:
         from ray import serve
 
@@ -97,6 +102,15 @@ def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_
         serve.delete("vvs")
         serve.shutdown()
         raise
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def check_port_free(host: str, port: int) -> None:
