@@ -24,6 +24,12 @@ def test_bookkeeping_is_exact(pipeline_factory, tmp_path):
         s = entry["seconds_per_image"]
         assert s["min"] <= s["median"] <= s["max"]
         assert entry["speedup_vs_ar"] == pytest.approx(modes["ar"]["seconds_per_image"]["median"] / s["median"])
+        # each seed set's own ratio: AR's seconds over the mode's, set by set
+        runs = entry["speedup_vs_ar_per_seed_set"]
+        assert runs["min"] <= runs["median"] <= runs["max"]
+        assert runs["min"] >= modes["ar"]["seconds_per_image"]["min"] / s["max"] - 1e-12
+        assert runs["max"] <= modes["ar"]["seconds_per_image"]["max"] / s["min"] + 1e-12
+    assert modes["ar"]["speedup_vs_ar_per_seed_set"] == {"median": 1.0, "min": 1.0, "max": 1.0, "stdev": 0.0}
     assert modes["vvs-uniform[skip_interval=2]"]["skipped_verifications_per_image"] > 0
     write_results(results, tmp_path, samples)
     table = (tmp_path / "table.md").read_text()

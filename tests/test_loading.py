@@ -220,6 +220,10 @@ def test_a_file_that_is_not_a_checkpoint_is_told_so(tmp_path, name, content, kin
         load_gpt(path, gpt_config("GPT-tiny"))
     assert one_line(err) == (f"{path}: not a checkpoint ({kind}): give a .pt / .pth / .bin file written by "
                              "torch.save, or a .safetensors file")
+    path.write_bytes(b"")
+    with pytest.raises(CheckpointError) as err:
+        load_gpt(path, gpt_config("GPT-tiny"))
+    assert one_line(err) == f"{path}: an empty file, not a checkpoint"
 
 
 class Exploit:

@@ -150,6 +150,7 @@ def test_vvs_run_with_prompts(text_folder, tiny_folder, tmp_path, capsys, monkey
     for args, message in ((["--prompts", bad], "not UTF-8"), (["--class", "1"], "--prompt"),
                           (["--prompts", tmp_path / "none.txt"], "does not exist"),
                           (["--prompts", empty], f"option --prompts {empty}: the file holds no prompts"),
+                          (["--prompt", "a cat", "--prompts", empty], "the file holds no prompts"),
                           (["--prompt", "a cat", "--prompt", " "], "prompt 2 of 2 is empty")):
         code, _, err = run_cli(run_main, ["--engine", text_folder, *args, "--out", tmp_path / "o2"], capsys,
                                monkeypatch)

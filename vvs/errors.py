@@ -9,9 +9,11 @@ class VVSError(Exception):
 def json_value(value) -> str:
     """A value in a message as a JSON client sent it (true, null, [1, 2]), not as Python writes it (True, None);
     strings and numbers as Python writes them ('wolf', nan)."""
+    text = None
     if value is None or isinstance(value, (bool, list, tuple, dict)):
         try:
-            return json.dumps(value)[:60]
+            text = json.dumps(value)
         except (TypeError, ValueError):
             pass
-    return repr(value)[:60]
+    text = repr(value) if text is None else text
+    return text if len(text) <= 60 else text[:59] + "…"

@@ -6,12 +6,15 @@ that ``--overwrite`` replaces stays whole until the new one is complete, and an 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import shutil
+import signal
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -81,6 +84,25 @@ RUN_INDEX = ".vvs-run.json"  # the files a run wrote to its --out folder, so --o
 STAGING = ".vvs-run-staging"  # a run's files until it ends
 
 
+class Batch(NamedTuple):
+    mode: str
+    files: list[str]  # its images' file names in the staging folder
+    records: list[dict]  # their --stats-json entries
+    generation: object  # the Pipeline's Generation
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Ctrl-C and SIGTERM wait until the block ends: a second signal must not stop a move into place halfway (the
+    index is replaced last; files moved before it would belong to no run)."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class RunWriter:
     """Everything a ``vvs-run`` writes. Every path is checked when it is constructed, before any work: ``out``
     must be empty (or ``overwrite`` given: the earlier run's files are replaced when this one ends) and no other
@@ -113,9 +135,9 @@ class RunWriter:
         except BaseException:
             self.lock.unlink(missing_ok=True)
             raise
-        # (mode, image files, their records, the generation): one append per batch, so that an interruption keeps
-        # a batch whole or not at all, and the index, statistics and tokens always agree
-        self.batches: list[tuple[str, list[str], list[dict], object]] = []
+        # one append per batch, so that an interruption keeps a batch whole or not at all, and the index,
+        # statistics and tokens always agree
+        self.batches: list[Batch] = []
         self.grids: list[str] = []
 
     def _take_lock(self) -> None:
@@ -165,36 +187,38 @@ class RunWriter:
             files.append(f"{mode}_{i:03d}_{name}.png")
             save_png(img, self.staging / files[-1])
             records.append({"mode": mode, "index": i, **record, **s.to_dict()})
-        self.batches.append((mode, files, records, result))
+        self.batches.append(Batch(mode, files, records, result))
 
     def grid(self, mode: str) -> None:
-        images = torch.cat([result.images for m, _, _, result in self.batches if m == mode])
+        images = torch.cat([b.generation.images for b in self.batches if b.mode == mode])
         save_png(grid_image(images), self.staging / f"{mode}_grid.png")
         self.grids.append(f"{mode}_grid.png")
 
     @property
     def written(self) -> list[str]:
-        return [name for _, files, _, _ in self.batches for name in files] + self.grids
+        return [name for b in self.batches for name in b.files] + self.grids
 
     def finish(self, backend: str) -> None:
-        self._report(backend)
-        self._move_into_place()
+        with signals_held():
+            self._report(backend)
+            self._move_into_place()
         self.close()
 
     def keep_finished(self, backend: str) -> None:
         """After an interruption: the finished images stay, with their table, statistics and tokens, unless they
         would replace an earlier run."""
         if self.earlier is None and self.written:
-            self._report(backend)
-            self._move_into_place()
+            with signals_held():
+                self._report(backend)
+                self._move_into_place()
 
     def _report(self, backend: str) -> None:
         """The table of the images generated, and the --stats-json and --save-tokens files."""
         rows = [f"{'mode':8} {'images':>6} {'TPF':>6} {'target fwd/img':>15} {'skipped/img':>12} "
                 f"{'accept len':>10} {'accepted':>9} {'s/img':>8}"]
         by_mode: dict[str, list] = {}
-        for mode, _, _, result in self.batches:
-            by_mode.setdefault(mode, []).extend(result.stats)
+        for b in self.batches:
+            by_mode.setdefault(b.mode, []).extend(b.generation.stats)
         summary = {}
         for mode, stats in by_mode.items():
             agg = aggregate(stats)
@@ -208,12 +232,12 @@ class RunWriter:
         print(f"backend {backend}; images and grids in {self.out}/"
               + (f", statistics in {self.stats_json}" if self.stats_json else ""))
         if self.stats_json:
-            images = [record for _, _, records, _ in self.batches for record in records]
+            images = [record for b in self.batches for record in b.records]
             payload = {"backend": backend, "images": images,
                        "aggregate": summary[next(iter(summary))] if len(summary) == 1 else summary}
             atomic_write(self.stats_json, lambda tmp: tmp.write_text(json.dumps(payload, indent=1) + "\n"))
         if self.save_tokens:
-            arr = torch.cat([result.tokens for *_, result in self.batches]).numpy()
+            arr = torch.cat([b.generation.tokens for b in self.batches]).numpy()
             def write(tmp: Path) -> None:
                 with open(tmp, "wb") as f:
                     np.save(f, arr)

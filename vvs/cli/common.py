@@ -16,7 +16,6 @@ import click
 from vvs.errors import VVSError
 from vvs.families.base import Family
 from vvs.families.registry import FAMILIES
-from vvs.runtime.conditions import class_of
 from vvs.runtime.options import OptionsError
 
 
@@ -199,6 +198,7 @@ def resolve_modes(values: tuple[str, ...], default: list[str], names: dict) -> l
 
 def resolve_classes(values: tuple[str, ...], names: list[str] | None, num_classes: int, count: int) -> list[int]:
     """Class ids from ``--class`` values (ids or names, repeatable or comma-separated), cycled to ``count``."""
+    from vvs.runtime.conditions import class_of  # here: it imports torch, which --help and usage errors never need
     values = split_values(values)
     if not values:
         return [i % num_classes for i in range(count)]
@@ -255,10 +255,11 @@ def resolve_prompts(prompts: tuple[str, ...], prompts_file: str | None, count: i
                 from None
         except OSError as err:
             raise VVSError(f"option --prompts {prompts_file}: cannot read it ({err.strerror or err})") from None
-        texts += [line for line in lines if line.strip()]
-        if not texts:
+        from_file = [line for line in lines if line.strip()]
+        if not from_file:
             raise VVSError(f"option --prompts {prompts_file}: the file holds no prompts; write one prompt a line "
                            "(blank lines are skipped)")
+        texts += from_file
     if not texts:
         raise VVSError("this folder's model is text-conditional: give --prompt TEXT or --prompts FILE")
     for i, text in enumerate(texts):

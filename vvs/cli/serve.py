@@ -86,21 +86,23 @@ def serve_cmd(engine_dir, backend, device, threads, replicas, min_replicas, max_
     start_ray(address, logging_level="WARNING")
     catch_signals()
     drain_state = drain.create()
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(application(str(folder), backend=backend, device=device, threads=threads, max_batch=max_batch,
-                          max_queue=max_queue, max_images=max_images, replicas=replicas, autoscaling=autoscaling,
-                          gpus_per_replica=gpus_per_replica, cpus_per_replica=cpus_per_replica,
-                          max_request_bytes=int(max_request_mb * (1 << 20)), grace_s=grace_s), name="vvs")
-    click.echo(f"vvs-serve: serving {folder} at http://{host}:{port}/v1/generate (Ctrl-C stops)", err=True)
-    try:
+    try:  # a signal while the replicas load (minutes) stops the service as one while it serves does
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(application(str(folder), backend=backend, device=device, threads=threads, max_batch=max_batch,
+                              max_queue=max_queue, max_images=max_images, replicas=replicas, autoscaling=autoscaling,
+                              gpus_per_replica=gpus_per_replica, cpus_per_replica=cpus_per_replica,
+                              max_request_bytes=int(max_request_mb * (1 << 20)), grace_s=grace_s), name="vvs")
+        click.echo(f"vvs-serve: serving {folder} at http://{host}:{port}/v1/generate (Ctrl-C stops)", err=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        click.echo(f"vvs-serve: stopping; new requests get 503, in-flight ones have up to {grace_s:g} s to finish",
-                   err=True)
-        drain.drain(drain_state, grace_s)
-        serve.delete("vvs")
-        serve.shutdown()
+        click.echo(f"vvs-serve: stopping; new requests get 503, in-flight ones have up to {grace_s:g} s to finish "
+                   "(a second Ctrl-C stops at once)", err=True)
+        try:
+            drain.drain(drain_state, grace_s)
+            serve.delete("vvs")
+        finally:  # a second signal skips the drain, never the shutdown
+            serve.shutdown()
         raise
 
 

@@ -57,13 +57,13 @@ class Family:
     write_defaults: str | None = None  # (folder, defaults, record): stores what --tune picked
     serve: bool = False  # vvs-serve
     train_commands: tuple[str, ...] = ()  # its ``vvs-train`` subcommands ("module:command")
+    # what a user who asks for something the family lacks should do instead, by ability ("tune", "scale", ...)
+    instead: dict[str, str] = field(default_factory=dict)
 
     @property
     def mode_names(self) -> dict[str, dict]:
         """What ``--mode`` and the HTTP APIs accept -> the options each name stands for."""
         return self.options.NAMED_MODES
-    # what a user who asks for something the family lacks should do instead, by ability ("tune", "scale", ...)
-    instead: dict[str, str] = field(default_factory=dict)
 
     def entry(self, name: str) -> Any:
         """The entry point in field ``name``, imported on first use."""

@@ -49,8 +49,13 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
 
 
 def _read_pickle(path: Path) -> object:
-    with open(path, "rb") as f:
-        head = f.read(4)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as err:
+        raise CheckpointError(path, f"cannot read it ({err.strerror or err})") from None
+    if not head:
+        raise CheckpointError(path, "an empty file, not a checkpoint")
     # torch.save writes a zip archive (since torch 1.6) or, before, a pickle whose first opcode is PROTO (0x80)
     if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
         kind = "a PNG image" if head == b"\x89PNG" else "text" if _looks_like_text(path) else "some other file"

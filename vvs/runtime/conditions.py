@@ -35,7 +35,7 @@ def class_of(text: str, names) -> int | None:
     """The class id a text names: an id written as digits or one of the folder's class ``names``; None if
     neither. The one vocabulary of ``vvs-run --class``, the Pipeline and the HTTP APIs."""
     text = text.strip()
-    if text.isascii() and text.isdigit():
+    if text.isascii() and text.lstrip("-").isdigit():  # a negative id is an id, out of range
         return int(text)
     return list(names).index(text) if text in names else None
 

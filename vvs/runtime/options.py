@@ -91,8 +91,14 @@ class OptionsBase:
     NAMED_MODES: ClassVar[dict[str, dict]] = {}
 
     def updated(self, **changes):
-        if changes.get("mode") in self.NAMED_MODES:  # a named mode, then the explicit options over it
-            changes = {**self.NAMED_MODES[changes["mode"]], **{k: v for k, v in changes.items() if k != "mode"}}
+        named = changes.get("mode")
+        if isinstance(named, str) and named in self.NAMED_MODES:
+            fixed = self.NAMED_MODES[named]
+            clash = next((k for k in fixed if k != "mode" and k in changes and changes[k] != fixed[k]), None)
+            if clash is not None:
+                raise OptionsError.bad(clash, changes[clash], f"mode {named} sets {clash}={fixed[clash]!r}; give "
+                                                              f"mode {fixed['mode']} to choose {clash} yourself")
+            changes = {**changes, **fixed}
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
             raise OptionsError(f"unknown option(s): {', '.join(sorted(unknown))}; known: "
@@ -145,7 +151,7 @@ class DecodeOptions(OptionsBase):
 
         check_types(self)
         if self.mode not in MODES:
-            bad("mode", f"unknown mode; choose one of {', '.join(MODES)}")
+            bad("mode", f"unknown mode; choose one of {', '.join(MODE_NAMES)}")
         if self.skip_policy not in SKIP_POLICIES:
             bad("skip_policy", f"unknown policy; choose one of {', '.join(SKIP_POLICIES)}")
         if self.temperature < 0:

@@ -22,10 +22,26 @@ from dataclasses import dataclass, fields
 import torch
 
 from vvs.errors import VVSError, json_value
-from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Generation
 
 FIELDS = ("conditions", "caption_mask", "mode", "seed", "options", "timeout", "decode")
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the images API says about, and checks against, the folder a service holds."""
+    id: str  # "<family>-<c2i|t2i>"
+    image_size: int  # 0: not recorded in the folder (exported before vvs recorded it); any size is taken
+    text_conditional: bool
+    max_images: int
+    options: type  # the family's decoding options dataclass
+
+    @property
+    def size(self) -> str:
+        return f"{self.image_size}x{self.image_size}"
+
+    def listing(self) -> dict:
+        return {"object": "list", "data": [{"id": self.id, "object": "model", "created": 0, "owned_by": "vvs"}]}
 
 
 class ApiError(VVSError):
@@ -64,7 +80,7 @@ def json_object(body: bytes, content_type: str | None, fields: tuple[str, ...]) 
     return data
 
 
-def parse_generate(body: bytes, content_type: str | None, text_conditional: bool, max_images: int) -> GenerateRequest:
+def parse_generate(body: bytes, content_type: str | None, served: ServedModel) -> GenerateRequest:
     """Check the shape of a request; the values are checked by the Pipeline (``OptionsError``: a 400)."""
     data = json_object(body, content_type, FIELDS)
     unknown = sorted(set(data) - set(FIELDS))
@@ -73,12 +89,13 @@ def parse_generate(body: bytes, content_type: str | None, text_conditional: bool
     conditions = data.get("conditions")
     if not isinstance(conditions, list) or not conditions:
         raise ApiError(400, "conditions: give a non-empty list (class ids, prompts, or caption embeddings)")
-    if len(conditions) > max_images:
-        raise ApiError(413, f"{len(conditions)} images requested; this server takes at most {max_images} per request")
+    if len(conditions) > served.max_images:
+        raise ApiError(413, f"{len(conditions)} images requested; this server takes at most {served.max_images} per "
+                            "request")
     options = data.get("options", {})
     if not isinstance(options, dict):
         raise ApiError(400, "options must be a JSON object of decoding options")
-    known = [f.name for f in fields(DecodeOptions) if f.name != "mode"]
+    known = [f.name for f in fields(served.options) if f.name != "mode"]
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise ApiError(400, f"unknown option(s) {', '.join(unknown)}; known: {', '.join(known)} (mode is a field of "
@@ -94,7 +111,7 @@ def parse_generate(body: bytes, content_type: str | None, text_conditional: bool
     if any(isinstance(c, str) for c in conditions):  # prompts or class names: the Pipeline checks them
         if "caption_mask" in data:
             raise ApiError(400, "caption_mask goes with caption embeddings, not with prompts")
-    elif text_conditional:
+    elif served.text_conditional:
         if not all(isinstance(c, list) for c in conditions):
             raise ApiError(400, f"conditions: got {json_value(conditions)}, but this model is text-conditional; "
                                 "give prompts (strings), or caption embeddings [n, C, D] with caption_mask")

@@ -23,10 +23,10 @@ from starlette.responses import HTMLResponse, JSONResponse
 from vvs.engines import load_engines
 from vvs.engines.manifest import read_manifest
 from vvs.errors import VVSError
+from vvs.families.registry import family_of
 from vvs.runtime.options import OptionsError
 from vvs.runtime.pipeline import Pipeline
 from vvs.runtime.scheduler import Busy, RequestTimeout
-from vvs.families.registry import family_of
 from vvs.serve.api import ApiError, GenerateRequest, generation_response, parse_generate
 from vvs.serve.openai_images import ServedModel, error_body, images_response, parse_images_request
 from vvs.serve.drain import ReplicaDrain
@@ -52,14 +52,21 @@ class VVSServer:
         text = family.condition_kind(manifest) == "text"
         self.served = ServedModel(f"{family.name}-{'t2i' if text else 'c2i'}", manifest["model"].get("image_size", 0), text,
                                   max_images, type(self.pipe.options))
-        named = {name: self.pipe.options.updated(mode=name) for name in self.pipe.options.NAMED_MODES}
-        self.modes = [{"name": name, "exact": opts.exact} for name, opts in named.items()
-                      if self.pipe.engines.has_drafter or not opts.uses_drafter]
+        self.modes = [{"name": name, "exact": opts.exact} for name, opts in self._runnable_modes()]
         self.drain = ReplicaDrain()
         self.requests = metrics.Counter("vvs_requests", "Generate requests by outcome.", tag_keys=("status",))
         self.images = metrics.Counter("vvs_images", "Images generated.")
         self.latency = metrics.Histogram("vvs_request_seconds", "Generate request latency (decoded images).",
                                          boundaries=[0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128])
+
+    def _runnable_modes(self):
+        """(name, options) of each mode name this folder runs with its defaults (a folder without a drafter runs
+        no drafter mode; defaults made for one mode, a short window say, may not fit another)."""
+        for name in self.pipe.options.NAMED_MODES:
+            try:
+                yield name, self.pipe.options_for(name)
+            except OptionsError:
+                continue
 
     async def __call__(self, request: Request) -> JSONResponse:
         self.drain.watch()
@@ -82,7 +89,7 @@ class VVSServer:
         return await self._serve(request, self._parse_images, images_response, _openai_error)
 
     def _parse_generate(self, body: bytes, content_type: str | None) -> GenerateRequest:
-        return parse_generate(body, content_type, self.served.text_conditional, self.max_images)
+        return parse_generate(body, content_type, self.served)
 
     def _parse_images(self, body: bytes, content_type: str | None) -> GenerateRequest:
         return parse_images_request(body, content_type, self.served)
@@ -142,7 +149,7 @@ class VVSServer:
 
     async def model(self, request: Request) -> JSONResponse:
         cfg = self.pipe.engines.target
-        text = self.pipe.engines.conditioning.kind == "text"
+        text = self.served.text_conditional
         return JSONResponse({"model_type": cfg.model_type, "num_classes": 0 if text else cfg.num_classes,
                              "caption_slots": cfg.cls_token_num if text else 0,
                              "caption_dim": cfg.caption_dim if text else 0,

@@ -18,30 +18,13 @@ status codes of ``POST /v1/generate``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 from vvs.errors import json_value
-from vvs.serve.api import ApiError, GenerateRequest, json_object, png_base64
+from vvs.serve.api import ApiError, GenerateRequest, ServedModel, json_object, png_base64
 
 OPENAI_FIELDS = ("prompt", "model", "n", "size", "response_format", "user")
 VVS_FIELDS = ("mode", "seed", "timeout")
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """What the images API says about, and checks against, the folder a service holds."""
-    id: str  # "<family>-<c2i|t2i>"
-    image_size: int  # 0: not recorded in the folder (exported before vvs recorded it); any size is taken
-    text_conditional: bool
-    max_images: int
-    options: type  # the family's decoding options dataclass
-
-    @property
-    def size(self) -> str:
-        return f"{self.image_size}x{self.image_size}"
-
-    def listing(self) -> dict:
-        return {"object": "list", "data": [{"id": self.id, "object": "model", "created": 0, "owned_by": "vvs"}]}
 
 
 class OpenAIError(ApiError):
@@ -52,11 +35,12 @@ class OpenAIError(ApiError):
         self.param = param
 
 
-def parse_images_request(body: bytes, content_type: str | None, model: ServedModel) -> GenerateRequest:
+def parse_images_request(body: bytes, content_type: str | None, served: ServedModel) -> GenerateRequest:
     """An images request as vvs's own: ``n`` copies of the prompt (the Pipeline reads a class-conditional
     folder's prompt as a class name or id), the vvs fields, and the decoding options given at the top level."""
-    option_names = tuple(f.name for f in fields(model.options) if f.name != "mode")
-    data = json_object(body, content_type, OPENAI_FIELDS)
+    option_names = tuple(f.name for f in fields(served.options) if f.name != "mode")
+    # a null field is an absent one: many SDKs send every field they know, unset ones as null
+    data = {k: v for k, v in json_object(body, content_type, OPENAI_FIELDS).items() if v is not None}
     unknown = sorted(set(data) - {*OPENAI_FIELDS, *VVS_FIELDS, *option_names})
     if unknown:
         raise OpenAIError(400, f"unknown field(s) {', '.join(unknown)}; this service takes OpenAI's "
@@ -64,24 +48,26 @@ def parse_images_request(body: bytes, content_type: str | None, model: ServedMod
                                f"({', '.join(option_names)})", unknown[0])
     prompt = data.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
-        kind = "a prompt" if model.text_conditional else "a class name or id (this model is class-conditional)"
+        kind = "a prompt" if served.text_conditional else "a class name or id (this model is class-conditional)"
         raise OpenAIError(400, f"prompt: give {kind} as a non-empty string, got {json_value(prompt)}", "prompt")
-    if data.get("model") is not None and data["model"] != model.id:
-        raise OpenAIError(404, f"model {json_value(data['model'])}: this service serves {model.id!r} only "
+    if "model" in data and data["model"] != served.id:
+        raise OpenAIError(404, f"model {json_value(data['model'])}: this service serves {served.id!r} only "
                                "(GET /v1/models)", "model")
     n = data.get("n", 1)
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= model.max_images:
-        raise OpenAIError(400, f"n: give a whole number of images from 1 to {model.max_images}, got {json_value(n)}",
-                          "n")
-    size = data.get("size", model.size)
-    if model.image_size and size not in (model.size, "auto"):
-        raise OpenAIError(400, f"size {json_value(size)}: this model paints {model.size} only; send size "
-                               f"{model.size!r} or leave it out", "size")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise OpenAIError(400, f"n: give a whole number of images, 1 or more, got {json_value(n)}", "n")
+    if n > served.max_images:
+        raise OpenAIError(413, f"n: {n} images requested; this server takes at most {served.max_images} per "
+                               "request", "n")
+    size = data.get("size", served.size)
+    if served.image_size and size not in (served.size, "auto"):
+        raise OpenAIError(400, f"size {json_value(size)}: this model paints {served.size} only; send size "
+                               f"{served.size!r} or leave it out", "size")
     if data.get("response_format", "b64_json") != "b64_json":
         raise OpenAIError(400, f"response_format {json_value(data['response_format'])}: this service returns the "
                                "images in the answer only; send response_format 'b64_json'", "response_format")
     mode = data.get("mode")
-    if mode is not None and not isinstance(mode, str):
+    if "mode" in data and not isinstance(mode, str):
         raise OpenAIError(400, f"mode must be a string, got {json_value(mode)}", "mode")
     options = {name: data[name] for name in option_names if name in data}
     return GenerateRequest([prompt] * n, None, mode, data.get("seed", 0), options, data.get("timeout"), True)

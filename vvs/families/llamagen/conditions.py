@@ -43,6 +43,8 @@ class CaptionConditioning:
             if caption_mask is not None:
                 raise OptionsError("caption_mask goes with caption embeddings, not with prompts")
             return engines.text.encode(conditions)
+        if isinstance(conditions, (list, tuple)) and not conditions:
+            raise OptionsError("no conditions given; pass at least one prompt")
         if isinstance(conditions, (list, tuple)) or (isinstance(conditions, torch.Tensor) and conditions.dim() == 1):
             raise OptionsError("this model is text-conditional: give prompts (a list of strings), or caption "
                                f"embeddings [n, {self.slots}, {self.width}] with caption_mask; class ids have no "

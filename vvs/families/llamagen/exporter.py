@@ -139,10 +139,12 @@ def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, Gr
     target = GPTConfig(**manifest["model"]["target"])
     act = graph_spec(manifest, "draft_tree").inputs[0].dtype
     spec = draft_tree_spec(target, DrafterConfig(**manifest["model"]["drafter"]), tree, act)
-    damage = _damage(path)
-    if damage is not None:
-        if damage != NOT_EXPORTED:  # a user should know that a file of their folder changed
-            print(f"vvs: {path}: {damage}; exporting it again", file=sys.stderr)
+    files = _tree_index(path.parent).get(path.name)  # what was recorded when it was exported, if it was
+    recorded = isinstance(files, dict) and path.name in files
+    damage = _damage(path.parent, files) if recorded else None
+    if damage is not None:  # a user should know that a file of their folder changed
+        print(f"vvs: {path}: {damage}; exporting it again", file=sys.stderr)
+    if damage is not None or not recorded:
         gpt = load_gpt(folder / TORCH_WEIGHTS["target"])
         module = draft_tree_graph(gpt, load_drafter(folder / TORCH_WEIGHTS["drafter"], gpt.config), tree)
         cast_floating(module, DTYPES[act])
@@ -162,20 +164,15 @@ def _tree_index(trees: Path) -> dict:
     return index if isinstance(index, dict) else {}
 
 
-NOT_EXPORTED = "not exported yet"
-
-
-def _damage(path: Path) -> str | None:
-    """What is wrong with ``path`` and its external data against the size and sha256 recorded when they were
-    exported (:data:`NOT_EXPORTED` when nothing was recorded), or None."""
-    files = _tree_index(path.parent).get(path.name)
-    if not isinstance(files, dict) or path.name not in files:
-        return NOT_EXPORTED
+def _damage(trees: Path, files: dict) -> str | None:
+    """What is wrong with a graph's files against the sizes and sha256 recorded when they were exported, or
+    None."""
     for name, record in files.items():
-        f = path.parent / name
+        f = trees / name
         try:
-            if f.stat().st_size != record["bytes"]:
-                return f"{name} is {f.stat().st_size} bytes, not the {record['bytes']} recorded when it was exported"
+            size = f.stat().st_size
+            if size != record["bytes"]:
+                return f"{name} is {size} bytes, not the {record['bytes']} recorded when it was exported"
             if file_record(f)["sha256"] != record["sha256"]:
                 return f"{name} does not match the sha256 recorded when it was exported (edited or damaged)"
         except FileNotFoundError:
