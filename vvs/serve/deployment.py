@@ -27,9 +27,9 @@ from vvs.families.registry import family_of
 from vvs.runtime.options import OptionsError
 from vvs.runtime.pipeline import Pipeline
 from vvs.runtime.scheduler import Busy, RequestTimeout
-from vvs.serve.api import ApiError, GenerateRequest, generation_response, parse_generate
-from vvs.serve.openai_images import ServedModel, error_body, images_response, parse_images_request
+from vvs.serve.api import ApiError, GenerateRequest, ServedModel, generation_response, parse_generate
 from vvs.serve.drain import ReplicaDrain
+from vvs.serve.openai_images import error_body, images_response, parse_images_request
 
 
 PAGE = (Path(__file__).parent / "page.html").read_text(encoding="utf-8")
@@ -45,13 +45,13 @@ class VVSServer:
             torch.set_num_threads(threads)
         self.pipe = Pipeline(load_engines(engine_dir, backend, device=device, threads=threads),
                              max_batch=max_batch, max_queue=max_queue)
-        self.max_images, self.max_request_bytes = max_images, max_request_bytes
+        self.max_request_bytes = max_request_bytes
         manifest = read_manifest(Path(engine_dir))
         self.class_names = manifest["model"].get("classes") or []
         family = family_of(manifest)
         text = family.condition_kind(manifest) == "text"
-        self.served = ServedModel(f"{family.name}-{'t2i' if text else 'c2i'}", manifest["model"].get("image_size", 0), text,
-                                  max_images, type(self.pipe.options))
+        self.served = ServedModel(f"{family.name}-{'t2i' if text else 'c2i'}", manifest["model"].get("image_size", 0),
+                                  text, max_images, type(self.pipe.options))
         self.modes = [{"name": name, "exact": opts.exact} for name, opts in self._runnable_modes()]
         self.drain = ReplicaDrain()
         self.requests = metrics.Counter("vvs_requests", "Generate requests by outcome.", tag_keys=("status",))
@@ -155,7 +155,7 @@ class VVSServer:
                              "caption_dim": cfg.caption_dim if text else 0,
                              "prompts": self.pipe.engines.text is not None, "class_names": self.class_names,
                              "image_tokens": cfg.num_image_tokens, "backend": self.pipe.engines.backend,
-                             "max_images": self.max_images, "default_options": self.pipe.options.to_dict(),
+                             "max_images": self.served.max_images, "default_options": self.pipe.options.to_dict(),
                              "modes": self.modes})
 
     async def page(self, request: Request) -> HTMLResponse:
