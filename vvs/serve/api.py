@@ -134,11 +134,16 @@ def _tensor(value, dtype, name: str) -> torch.Tensor:
 
 def generation_response(gen: Generation) -> dict:
     out = {"tokens": gen.tokens.tolist(),
-           "stats": [{k: v for k, v in s.to_dict().items() if k != "trace"} for s in gen.stats],
+           "stats": stats_records(gen),
            "options": gen.options.to_dict()}
     if gen.images is not None:
         out["images"] = [png_base64(image) for image in gen.pil_images()]
     return out
+
+
+def stats_records(gen: Generation) -> list[dict]:
+    """Each image's statistics as JSON, without the per-cycle trace."""
+    return [{k: v for k, v in s.to_dict().items() if k != "trace"} for s in gen.stats]
 
 
 def png_base64(image) -> str:

@@ -21,7 +21,7 @@ import time
 from dataclasses import fields
 
 from vvs.errors import json_value
-from vvs.serve.api import ApiError, GenerateRequest, ServedModel, json_object, png_base64
+from vvs.serve.api import ApiError, GenerateRequest, ServedModel, json_object, png_base64, stats_records
 
 OPENAI_FIELDS = ("prompt", "model", "n", "size", "response_format", "user")
 VVS_FIELDS = ("mode", "seed", "timeout")
@@ -77,7 +77,7 @@ def images_response(gen) -> dict:
     return {"created": int(time.time()),
             "data": [{"b64_json": png_base64(image)} for image in gen.pil_images()],
             "vvs": {"options": gen.options.to_dict(),
-                    "stats": [{k: v for k, v in s.to_dict().items() if k != "trace"} for s in gen.stats]}}
+                    "stats": stats_records(gen)}}
 
 
 ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
