@@ -173,3 +173,32 @@ def test_a_reflection_padded_decoder_has_no_position_to_paint_from():
     assert vq_config("VQ-16").decoder_padding == "zeros"
     with pytest.raises(ValueError, match="decoder_padding must be 'zeros' or 'reflect', not 'reflection'"):
         vq_config("VQ-vvs-S", decoder_padding="reflection")
+
+
+def test_the_speck_measure_sees_coloured_specks_in_a_corner_and_nothing_else():
+    """``top_left_speck_ratio`` on smooth random images: about 1 as they are; far above 1 with single coloured
+    pixels planted in the top-left 32 px; about 1 again when the same specks are planted in every corner, or when
+    the planted pixels only differ in brightness (brightness is not colour)."""
+    import torch.nn.functional as F
+
+    from vvs.quality import top_left_speck_ratio
+
+    gen = torch.Generator().manual_seed(0)
+    smooth = F.interpolate(torch.rand(32, 3, 8, 8, generator=gen), size=128, mode="bicubic", align_corners=False)
+    smooth = smooth.clamp(0, 1)
+    rows, cols = torch.randint(0, 32, (2, 32, 12), generator=gen)
+    idx = torch.arange(32)[:, None]
+
+    def planted(image, corners, colour=None):
+        out = image.clone()
+        for r0, c0 in corners:
+            r, c = r0 + rows, c0 + cols
+            out[idx, :, r, c] = colour if colour is not None else out[idx, :, r, c] + 0.3
+        return out
+
+    red = torch.tensor([1.0, 0.0, 0.0])
+    every = [(0, 0), (0, 96), (96, 0), (96, 96)]
+    assert 0.8 < top_left_speck_ratio(smooth) < 1.25
+    assert top_left_speck_ratio(planted(smooth, [(0, 0)], red)) > 3
+    assert 0.8 < top_left_speck_ratio(planted(smooth, every, red)) < 1.25
+    assert 0.8 < top_left_speck_ratio(planted(smooth, [(0, 0)])) < 1.25

@@ -94,3 +94,33 @@ class Instruments:
         if self.target is not None:
             result["nll"] = float(sequence_nll(self.target, labels, tokens).mean())
         return result
+
+
+# Specks: isolated coloured dots a few pixels wide. A pixel's chroma (colour with its brightness removed) against
+# the mean chroma of its 5 x 5 neighbourhood finds them; the 99th percentile per 16 px cell keeps a cell's few
+# specked pixels from drowning in its smooth ones.
+SPECK_CELL_PX = 16
+SPECK_CORNER_CELLS = 2  # a corner is 2 x 2 cells, 32 x 32 px
+
+
+def speck_map(images: torch.Tensor) -> torch.Tensor:
+    """Per 16 px cell, the 99th percentile of each pixel's chroma deviation from its 5 x 5 neighbourhood, averaged
+    over ``images [N, 3, H, W]`` in [0, 1]: ``[H / 16, W / 16]``."""
+    x = images.float()
+    chroma = x - x.mean(1, keepdim=True)
+    local = F.avg_pool2d(F.pad(chroma, (2, 2, 2, 2), mode="reflect"), 5, stride=1)
+    deviation = (chroma - local).norm(dim=1)  # [N, H, W]
+    n, h, w = deviation.shape
+    c = SPECK_CELL_PX
+    cells = deviation.reshape(n, h // c, c, w // c, c).permute(0, 1, 3, 2, 4).reshape(n, h // c, w // c, c * c)
+    return cells.quantile(0.99, dim=-1).mean(0)
+
+
+def top_left_speck_ratio(images: torch.Tensor) -> float:
+    """The top-left 32 x 32 px corner's speck score over the largest of the other three corners' (1.0: the top-left
+    is no more specked than the worst other corner)."""
+    cells = speck_map(images)
+    k = SPECK_CORNER_CELLS
+    corners = [cells[:k, :k], cells[:k, -k:], cells[-k:, :k], cells[-k:, -k:]]
+    scores = [float(c.mean()) for c in corners]
+    return scores[0] / max(scores[1:])
