@@ -5,7 +5,7 @@ Usage: python bench/vq_corners.py [--vq OTHER.safetensors ...] [--crops 256] [--
 For the shipped VQ tokenizer, any other tokenizer files given, and randomly initialised decoders of the shipped
 architecture with zero and with reflection padding, prints per 24 px region (four corners, centre):
 - how far grids of one repeated code decode from a flat colour (mean |pixel - median|, x 100);
-- the mean absolute reconstruction error of held-out crops through the codebook (x 100), the top-left's excess
+- the mean absolute reconstruction error of held-out crops through their interior codes (x 100), the top-left's excess
   over the other corners' mean, and PSNR through the codes and through the continuous latents.
 With ``--figure``, also the same AR tokens of the shipped target (one image for every other class, seed 0 + i)
 through each tokenizer file, one row per file, upscaled 2x.
@@ -55,7 +55,7 @@ def main():
         dev = flat_grid_deviation(vq, GRID)
         print(f"| {name} | " + " | ".join(f"{100 * dev[k]:.2f}" for k in REGIONS) + " |")
 
-    print(f"\n{args.crops} held-out crops: mean |reconstruction error| x 100 through the codes\n")
+    print(f"\n{args.crops} held-out crops: mean |reconstruction error| x 100 through the interior codes\n")
     print("| decoder | " + " | ".join(REGIONS) + " | top-left / other corners | PSNR codes | PSNR latents |")
     print("|---|" + "---|" * (len(REGIONS) + 3))
     for name, vq in decoders.items():

@@ -4,6 +4,10 @@
 that added this file (the code before the move); every later version of the code must reproduce it exactly, on
 the torch backend, for every mode at greedy and sampled settings (top-k, top-p), class-conditional and from
 prompts, and for the MAR pair. A change of tokens here is a change of behaviour, not a refactor.
+
+The class-conditional and text-to-image entries were recorded again, by the same command, when those pairs were
+retrained on interior codes (new weights, so new tokens; the code had reproduced the old entries exactly on the old
+weights); the MAR entries are the original ones.
 """
 from pathlib import Path
 

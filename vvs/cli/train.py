@@ -23,12 +23,14 @@ def train_cmd():
               help="The tokenizer whose decoder is retrained.")
 @click.option("--out", type=click.Path(file_okay=False), default="runs/decoder", show_default=True)
 @click.option("--seed", type=int, default=2, show_default=True)
-def train_decoder_cmd(vq, out, seed):
+@click.option("--steps", type=click.IntRange(min=1), default=2400, show_default=True,
+              help="Training steps (the decoder starts from the given tokenizer's).")
+def train_decoder_cmd(vq, out, seed, steps):
     from vvs.output import ensure_writable_dir
     from vvs.train.decoder import reship_decoder
 
     ensure_writable_dir(Path(out))
-    weights = reship_decoder(Path(out), Path(vq), seed)
+    weights = reship_decoder(Path(out), Path(vq), seed, steps)
     click.echo(f"wrote {weights} (copy vq.safetensors and shipped.json to vvs/weights/ to ship them)")
 
 

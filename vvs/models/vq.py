@@ -242,10 +242,13 @@ class VQModel(nn.Module):
         """latents ``[B, e_dim, h, w]`` -> images in about [-1, 1] (unclamped)."""
         return self.decoder(self.post_quant_conv(z_q))
 
+    def embed_codes(self, indices: torch.Tensor, grid: int) -> torch.Tensor:
+        """token ids ``[B, grid * grid]`` (raster order) -> quantized latents ``[B, e_dim, grid, grid]``."""
+        return self.quantize.codebook()[indices].view(indices.shape[0], grid, grid, -1).permute(0, 3, 1, 2)
+
     def decode_codes(self, indices: torch.Tensor, grid: int) -> torch.Tensor:
         """token ids ``[B, grid * grid]`` (raster order) -> images in [0, 1] ``[B, 3, H, W]``."""
-        z_q = self.quantize.codebook()[indices].view(indices.shape[0], grid, grid, -1).permute(0, 3, 1, 2)
-        return ((self.decode(z_q).clamp(-1, 1) + 1) / 2)
+        return ((self.decode(self.embed_codes(indices, grid)).clamp(-1, 1) + 1) / 2)
 
     def forward(self, images: torch.Tensor):
         q = self.encode(images)

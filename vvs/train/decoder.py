@@ -1,7 +1,8 @@
-"""Re-ship a tokenizer with a retrained decoder: how the shipped tokenizer lost its corner artefact.
+"""Re-ship a tokenizer with a retrained decoder: how the shipped tokenizer lost its corner blob, and then learnt to
+decode the interior codes its generators are trained on.
 
-The encoder and codebook stay frozen, so the codes and latents, and every model trained on them (the target and
-drafter pairs, the MAR pair), stay valid; only the files that describe the tokenizer change.
+The encoder and codebook stay frozen, so the continuous latents (and the MAR pair trained on them) stay valid;
+the code pairs are retrained on the interior codes (``vvs-train all --start``, ``vvs-train t2i``).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from vvs.train.shipped import HELDOUT_SEED, KIND, ship_model, vq_metrics
 from vvs.train.tokenizer import train_decoder
 
 
-def reship_decoder(out_dir: Path, vq_path: Path, seed: int) -> Path:
+def reship_decoder(out_dir: Path, vq_path: Path, seed: int, steps: int = 2400) -> Path:
     """Retrain the decoder of the tokenizer in ``vq_path`` with reflection padding. Writes
     ``out_dir/weights/``: ``vq.safetensors`` (shipped format) and copies of the shipped ``shipped.json`` and
     ``shipped_mar.json`` whose tokenizer entries describe it."""
@@ -30,7 +31,7 @@ def reship_decoder(out_dir: Path, vq_path: Path, seed: int) -> Path:
     if path.is_file():
         vq = load_vq(path)
     else:
-        vq = train_decoder(load_vq(vq_path).float(), out_dir, seed)
+        vq = train_decoder(load_vq(vq_path).float(), out_dir, seed, steps)
         save_model(vq, path, KIND["vq"])
     vq.eval()
     weights = out_dir / "weights"
@@ -41,7 +42,9 @@ def reship_decoder(out_dir: Path, vq_path: Path, seed: int) -> Path:
     metrics = {**info["files"]["vq"]["metrics"], **vq_metrics(vq, held_images)}
     info["files"]["vq"] = {**ship_model(vq, weights / "vq.safetensors", KIND["vq"]), "metrics": metrics}
     info["decoder"] = {"retrained_from_sha256": sha256(vq_path), "seed": seed,
-                       "reproduce": f"vvs-train decoder --vq VQ --out {out_dir} --seed {seed} (VQ: the file of that sha256)"}
+                       "steps": steps,
+                       "reproduce": f"vvs-train decoder --vq VQ --out {out_dir} --seed {seed} --steps {steps} "
+                                    "(VQ: the file of that sha256)"}
     mar = shipped_info("shipped_mar.json")
     mar["tokenizer"].update(tokenizer_metrics(vq, held_images * 2 - 1))
     for name, content in (("shipped.json", info), ("shipped_mar.json", mar)):

@@ -6,9 +6,9 @@ quarter of the cost), then briefly on whole 128 px crops so that borders and the
 outputs, which keeps most of the codebook alive.
 
 The codes are learnt with LlamaGen's zero-padded decoder. That decoder learnt position from the zero border and
-painted a blob into the top-left corner of every image, so a last stage freezes encoder and codebook (the codes,
-and everything trained on them, stay as they are) and retrains the decoder with reflection padding on whole
-crops, from both the codes and the continuous latents (the MAR pair decodes those).
+painted a blob into the top-left corner of every image, so a last stage freezes encoder and codebook and retrains
+the decoder with reflection padding on whole crops, from both their interior codes (``interior_codes``: what the
+generators learn from) and the continuous latents (the MAR pair decodes those).
 """
 from __future__ import annotations
 
@@ -78,7 +78,8 @@ def train_tokenizer(out_dir: Path, seed: int, steps: int = 3000, batch: int = 16
 def train_decoder(codes_from: VQModel, out_dir: Path, seed: int, steps: int = 2400, batch: int = 8,
                   latent_fraction: float = 0.5) -> VQModel:
     """A reflection-padded decoder for ``codes_from``'s frozen encoder and codebook, trained on whole crops from
-    its codes and (``latent_fraction`` of the images) its l2-normalised continuous latents."""
+    their interior codes (the codes the generators learn from) and, for ``latent_fraction`` of the images, their
+    l2-normalised continuous latents (which the MAR pair generates). Starts from ``codes_from``'s decoder."""
     photos = load_photos()
     vq = VQModel(replace(codes_from.config, decoder_padding="reflect"))
     vq.load_state_dict(codes_from.state_dict())  # padding has no weights: the zero-padded decoder is the start
@@ -89,9 +90,10 @@ def train_decoder(codes_from: VQModel, out_dir: Path, seed: int, steps: int = 24
         labels = torch.randint(0, len(photos), (batch,), generator=gen)
         x = random_crops(photos, labels, IMAGE_SIZE, gen)
         with torch.no_grad():
-            h = vq.quant_conv(vq.encoder(x))
+            latents = F.normalize(vq.quant_conv(vq.encoder(x)), dim=1)
+            codes = vq.embed_codes(interior_codes(vq, x), latents.shape[-1])
             continuous = torch.rand(batch, generator=gen) < latent_fraction
-            z = torch.where(continuous[:, None, None, None], F.normalize(h, dim=1), vq.quantize(h).z_q)
+            z = torch.where(continuous[:, None, None, None], latents, codes)
         recon = vq.decode(z)
         l1 = (recon - x).abs().mean()
         return l1 + F.mse_loss(recon, x), {"l1": float(l1), "psnr": float(psnr(recon.detach(), x).mean())}
@@ -101,15 +103,35 @@ def train_decoder(codes_from: VQModel, out_dir: Path, seed: int, steps: int = 24
     return vq
 
 
+# The codes the generators learn from. The encoder pads with zeros and attends over the whole grid, so it has learnt
+# where its input's border is: the third and fourth rows of cells (most at the left) get codes it uses elsewhere
+# for other colours, and a target trained on them paints specks there. Encoding each crop inside a canvas four cells
+# wider on every side, the crop mirrored outwards, puts those cells outside the crop; only the crop's own cells are
+# kept. The encoder and codebook are unchanged; the decoder is trained on these codes.
+CANVAS_MARGIN_PX = 32
+
+
+@torch.no_grad()
+def interior_codes(vq: VQModel, crops: torch.Tensor, margin: int = CANVAS_MARGIN_PX) -> torch.Tensor:
+    """Token ids ``[B, (H / downsample) ** 2]`` of crops in [-1, 1], each encoded inside its reflection-padded canvas
+    (``margin`` px on every side, a multiple of the downsampling factor)."""
+    down = vq.config.downsample
+    if margin % down:
+        raise ValueError(f"the canvas margin must be a multiple of the downsampling factor {down}, not {margin}")
+    canvas = F.pad(crops, (margin,) * 4, mode="reflect")
+    side, cut = canvas.shape[-1] // down, margin // down
+    grid = vq.encode(canvas).indices.view(len(crops), side, side)
+    return grid[:, cut : side - cut, cut : side - cut].reshape(len(crops), -1)
+
+
 @torch.no_grad()
 def tokenizer_psnr(vq: VQModel, crops: torch.Tensor, batch: int = 32) -> torch.Tensor:
-    """PSNR (dB) of each crop's reconstruction through the codebook (encode -> indices -> decode_codes)."""
+    """PSNR (dB) of each crop's reconstruction through its interior codes (``interior_codes`` -> ``decode_codes``)."""
     out = []
     for i in range(0, len(crops), batch):
         x = crops[i : i + batch]
-        q = vq.encode(x)
         grid = x.shape[-1] // vq.config.downsample
-        recon = vq.decode_codes(q.indices, grid) * 2 - 1
+        recon = vq.decode_codes(interior_codes(vq, x), grid) * 2 - 1
         out.append(psnr(recon, x))
     return torch.cat(out)
 
@@ -140,14 +162,14 @@ def flat_grid_deviation(vq: VQModel, grid: int, images: int = 16) -> dict[str, f
 
 @torch.no_grad()
 def region_errors(vq: VQModel, crops: torch.Tensor, batch: int = 32) -> dict[str, float]:
-    """Mean absolute reconstruction error (through the codebook, [0, 1] pixel units) per region of crops in
+    """Mean absolute reconstruction error (through the interior codes, [0, 1] pixel units) per region of crops in
     [-1, 1] and their three mirror images: the same pixels visit every corner, so what differs between corners is
     the tokenizer's doing, not the content's."""
     mirrored = torch.cat([crops, crops.flip(-1), crops.flip(-2), crops.flip(-2, -1)])
     maps = []
     for i in range(0, len(mirrored), batch):
         x = mirrored[i : i + batch]
-        recon = vq.decode_codes(vq.encode(x).indices, x.shape[-1] // vq.config.downsample)
+        recon = vq.decode_codes(interior_codes(vq, x), x.shape[-1] // vq.config.downsample)
         maps.append((recon - (x + 1) / 2).abs().mean(1))
     return region_means(torch.cat(maps))
 

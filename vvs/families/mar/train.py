@@ -90,13 +90,13 @@ SHIPPED_MAR_DECODING = {"num_iter": 32, "cfg_scale": 3.0, "temperature": 1.0}
 @torch.no_grad()
 def tokenizer_metrics(vq: VQModel, held: torch.Tensor) -> dict:
     """The latent scale of a VQ tokenizer used as MAR's continuous tokenizer, and its PSNR on held-out crops
-    (in [-1, 1]) through the continuous latents and through the codes."""
-    from vvs.train.tokenizer import psnr
+    (in [-1, 1]) through the continuous latents and through the (interior) codes."""
+    from vvs.train.tokenizer import psnr, tokenizer_psnr
 
     tokenizer = VQLatents(vq, latent_scale(vq, held))
     return {"latent_scale": tokenizer.scale,
             "heldout_psnr_db_continuous": float(psnr(tokenizer.decode(tokenizer.encode(held)), held).mean()),
-            "heldout_psnr_db_codes": float(psnr(vq.decode(vq.encode(held).z_q), held).mean())}
+            "heldout_psnr_db_codes": float(tokenizer_psnr(vq, held).mean())}
 
 
 def reproduce_mar(out_dir: Path, vq_path: Path, seed: int = 0) -> Path:
