@@ -4,7 +4,8 @@
 
 AR, the shipped decoding defaults, two images (seeds 0 and 16) per photograph and caption: for each of the four
 captions of every photograph, the share of images the photo classifier of the quality instruments assigns to that
-photograph (chance 1/16); then prompts that are not among the captions.
+photograph (chance 1/16), and the top-left speck ratio of those 32 images (``vvs.quality.top_left_speck_ratio``);
+then prompts that are not among the captions.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch  # noqa: E402
 
 from vvs.engines import load_engines  # noqa: E402
 from vvs.families.llamagen.bundle import SHIPPED_DIR, shipped_info  # noqa: E402
+from vvs.quality import top_left_speck_ratio  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402
 from vvs.train.data import PHOTOS  # noqa: E402
 from vvs.train.shipped import load_classifier  # noqa: E402
@@ -36,15 +38,16 @@ def main():
     captions = shipped_info("shipped_t2i.json")["captions"]
     names = [p.name for p in PHOTOS]
 
-    def hits(prompts: list[str], photos: list[int]) -> float:
+    def hits(prompts: list[str], photos: list[int]) -> tuple[float, float]:
         images = torch.cat([pipe.generate(prompts, mode="ar", seed=seed).images for seed in (0, 16)])
         with torch.no_grad():
-            return float((classifier(images).argmax(-1) == torch.tensor(photos * 2)).float().mean())
+            share = float((classifier(images).argmax(-1) == torch.tensor(photos * 2)).float().mean())
+        return share, top_left_speck_ratio(images)
 
     for k in range(4):
-        print(f"caption {k + 1} of each photograph: {hits([captions[n][k] for n in names], list(range(16))):.1%} "
-              f"of 32 images")
-    unseen = hits(list(UNSEEN), [names.index(n) for n in UNSEEN.values()])
+        share, specks = hits([captions[n][k] for n in names], list(range(16)))
+        print(f"caption {k + 1} of each photograph: {share:.1%} of 32 images; top-left specks {specks:.2f}")
+    unseen, _ = hits(list(UNSEEN), [names.index(n) for n in UNSEEN.values()])
     print(f"prompts not among the captions ({', '.join(UNSEEN)}): {unseen:.1%} of 8 images")
 
 

@@ -19,7 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "int64": torch.int64, "bool": torch.bool}
+# float64: the torch backend's host-independent reference (CPU kernels round float32 differently per instruction set)
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "int64": torch.int64,
+          "bool": torch.bool}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -87,14 +90,14 @@ class GraphSpec:
                    tuple(TensorSpec.from_dict(t) for t in d["outputs"]))
 
 
-def text_encode_spec(slots: int, width: int) -> GraphSpec:
+def text_encode_spec(slots: int, width: int, act: str = "float32") -> GraphSpec:
     """The text encoder (:mod:`vvs.text`): T5 token ids and attention mask (1 = token, right-padded as T5 pads) of
     one prompt per image -> the encoder's last hidden state; left padding happens after it."""
     return GraphSpec("text_encode", (
         TensorSpec("input_ids", "int64", ("images", slots)),
         TensorSpec("attention_mask", "int64", ("images", slots)),
     ), (
-        TensorSpec("hidden", "float32", ("images", slots, width)),
+        TensorSpec("hidden", act, ("images", slots, width)),
     ))
 
 

@@ -39,12 +39,13 @@ def reship_decoder(out_dir: Path, vq_path: Path, seed: int, steps: int = 2400) -
 
     held_images = real_crops(256, HELDOUT_SEED)[0]
     info = shipped_info()
+    # Retraining the shipped tokenizer extends its record of decoder runs; any other tokenizer starts a new one.
+    earlier = info.get("decoder", []) if sha256(vq_path) == info["files"]["vq"]["sha256"] else []
     metrics = {**info["files"]["vq"]["metrics"], **vq_metrics(vq, held_images)}
     info["files"]["vq"] = {**ship_model(vq, weights / "vq.safetensors", KIND["vq"]), "metrics": metrics}
-    info["decoder"] = {"retrained_from_sha256": sha256(vq_path), "seed": seed,
-                       "steps": steps,
-                       "reproduce": f"vvs-train decoder --vq VQ --out {out_dir} --seed {seed} --steps {steps} "
-                                    "(VQ: the file of that sha256)"}
+    info["decoder"] = [*earlier, {"retrained_from_sha256": sha256(vq_path), "seed": seed, "steps": steps,
+                                  "reproduce": f"vvs-train decoder --vq VQ --out {out_dir} --seed {seed} "
+                                               f"--steps {steps} (VQ: the file of that sha256)"}]
     mar = shipped_info("shipped_mar.json")
     mar["tokenizer"].update(tokenizer_metrics(vq, held_images * 2 - 1))
     for name, content in (("shipped.json", info), ("shipped_mar.json", mar)):

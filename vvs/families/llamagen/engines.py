@@ -9,6 +9,7 @@ import torch
 from vvs.engines.base import EngineSet, folder_graphs
 from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, verify_files
 from vvs.engines.torch_backend import TorchEngine
+from vvs.export.spec import DTYPE_NAMES
 from vvs.errors import VVSError
 from vvs.families.llamagen.bundle import ModelBundle
 from vvs.families.llamagen.conditions import conditioning
@@ -114,7 +115,7 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
     graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, tree)
     for module in graphs.values():
         cast_floating(module.to(device), dtype)
-    act = "float16" if dtype == torch.float16 else "float32"
+    act = DTYPE_NAMES[dtype]
     specs = graph_specs(bundle.target.config, bundle.drafter and bundle.drafter.config, bundle.vq.config, tree, act)
     uncond = getattr(bundle.target.cls_embedding, "uncond_embedding", None)  # t2i targets only
 
@@ -141,7 +142,8 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
     return engines
 
 
-def torch_text_encoder(text_dir: Path, slots: int, device: str | torch.device = "cpu"):
+def torch_text_encoder(text_dir: Path, slots: int, device: str | torch.device = "cpu",
+                       dtype: torch.dtype = torch.float32):
     """Prompts -> captions with the ``transformers`` T5 folder ``text_dir`` (config, weights, tokenizer.json) run
     eagerly: an engine folder's ``text/``, or an encoder folder before any export (training)."""
     from tokenizers import Tokenizer
@@ -152,8 +154,8 @@ def torch_text_encoder(text_dir: Path, slots: int, device: str | torch.device = 
     from vvs.text.export import EncoderGraph
 
     device = torch.device(device)
-    encoder = T5EncoderModel.from_pretrained(str(text_dir), dtype=torch.float32).to(device).eval()
-    graph = TorchEngine(EncoderGraph(encoder), text_encode_spec(slots, encoder.config.d_model))
+    encoder = T5EncoderModel.from_pretrained(str(text_dir), dtype=dtype).to(device).eval()
+    graph = TorchEngine(EncoderGraph(encoder), text_encode_spec(slots, encoder.config.d_model, DTYPE_NAMES[dtype]))
     return TextEncoder(Tokenizer.from_file(str(Path(text_dir) / "tokenizer.json")), graph, slots, device)
 
 
