@@ -2,7 +2,7 @@
 decode the interior codes its generators are trained on.
 
 The encoder and codebook stay frozen, so the continuous latents (and the MAR pair trained on them) stay valid;
-the code pairs are retrained on the interior codes (``vvs-train all --start``, ``vvs-train t2i``).
+the code pairs are retrained on the interior codes (``vvs-train all``, ``vvs-train t2i``).
 """
 from __future__ import annotations
 

@@ -55,9 +55,8 @@ def _stage(out_dir: Path, name: str, build, load):
     return model
 
 
-def reproduce(out_dir: Path, seed: int = 0, start: Path | None = None) -> Path:
-    """Run every stage whose result ``out_dir`` lacks; ``start``: a class-conditional target to continue on this
-    tokenizer's codes instead of training one from scratch."""
+def reproduce(out_dir: Path, seed: int = 0) -> Path:
+    """Run every stage whose result ``out_dir`` lacks."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -78,8 +77,7 @@ def reproduce(out_dir: Path, seed: int = 0, start: Path | None = None) -> Path:
     data = load_file(tokens_path)
     metrics["vq"]["codes_used"] = int(torch.unique(data["tokens"]).numel())
 
-    target = _stage(out_dir, "target",
-                    lambda: train_target(data["labels"], data["tokens"], out_dir, seed, load_gpt(start) if start else None),
+    target = _stage(out_dir, "target", lambda: train_target(data["labels"], data["tokens"], out_dir, seed),
                     lambda p: load_gpt(p))
     metrics["target"] = {"heldout_nll": float(sequence_nll(target, data["heldout_labels"], data["heldout_tokens"]).mean()),
                          "params_millions": sum(p.numel() for p in target.parameters()) / 1e6}
@@ -101,7 +99,7 @@ def reproduce(out_dir: Path, seed: int = 0, start: Path | None = None) -> Path:
     if logs:
         plot_curves(logs, out_dir / "training_curves.png")
     return ship(out_dir, {"vq": vq, "target": target, "drafter": drafter, "classifier": classifier}, metrics,
-                seed, time.time() - started, start)
+                seed, time.time() - started)
 
 
 @torch.no_grad()
@@ -136,7 +134,7 @@ def ship_model(model, path: Path, kind: str) -> dict:
     return {"file": path.name, "sha256": sha256(path), "bytes": path.stat().st_size, "config": model.config.to_dict()}
 
 
-def ship(out_dir: Path, models: dict, metrics: dict, seed: int, seconds: float, start: Path | None = None) -> Path:
+def ship(out_dir: Path, models: dict, metrics: dict, seed: int, seconds: float) -> Path:
     """Write ``out_dir/weights``: fp16 parameters, fp32 buffers, and ``shipped.json``."""
     weights = out_dir / "weights"
     weights.mkdir(exist_ok=True)
@@ -148,8 +146,7 @@ def ship(out_dir: Path, models: dict, metrics: dict, seed: int, seconds: float, 
                        "from photographs bundled with scikit-image, scikit-learn and matplotlib.",
         "seed": seed,
         "training_seconds": round(seconds, 1),
-        "reproduce": f"vvs-train all --out {out_dir} --seed {seed}" + (" --start TARGET" if start else ""),
-        **({"target_continued_from_sha256": sha256(start)} if start else {}),
+        "reproduce": f"vvs-train all --out {out_dir} --seed {seed}",
         "classes": [{"id": i, "name": p.name, "source": p.source, "licence": p.licence} for i, p in enumerate(PHOTOS)],
         "image_size": IMAGE_SIZE,
         "decoding_defaults": SHIPPED_DECODING,

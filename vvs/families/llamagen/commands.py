@@ -13,15 +13,12 @@ from vvs.errors import VVSError
                                "fixed seed. Resumable: rerun the same command after an interruption.")
 @click.option("--out", type=click.Path(file_okay=False), default="runs/shipped", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--start", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="A class-conditional target to continue (300 steps) on the codes of the tokenizer in --out, "
-                   "instead of training one from scratch (1100 steps).")
-def train_all(out, seed, start):
+def train_all(out, seed):
     from vvs.output import ensure_writable_dir
     from vvs.train.shipped import reproduce
 
     ensure_writable_dir(Path(out))
-    weights = reproduce(Path(out), seed, Path(start) if start else None)
+    weights = reproduce(Path(out), seed)
     click.echo(f"wrote {weights} (copy its files to vvs/weights/ to ship them); curves: {Path(out) / 'training_curves.png'}")
 
 

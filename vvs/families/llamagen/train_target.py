@@ -26,18 +26,10 @@ def tokenize_crops(vq: VQModel, num: int, size: int, seed: int, batch: int = 32)
     return labels, torch.cat(tokens)
 
 
-# Continuing a trained target on new codes of the same images (how the shipped one moved to interior codes):
-# fewer steps at a lower rate than from scratch.
-FROM_SCRATCH = {"steps": 1100, "lr": 1e-3, "warmup": 100}
-CONTINUED = {"steps": 300, "lr": 5e-4, "warmup": 30}
-
-
-def train_target(labels: torch.Tensor, tokens: torch.Tensor, out_dir: Path, seed: int, start: GPT | None = None,
-                 batch: int = 32) -> GPT:
-    """The class-conditional target, from scratch or, given ``start``, continued from it."""
+def train_target(labels: torch.Tensor, tokens: torch.Tensor, out_dir: Path, seed: int, steps: int = 1100,
+                 batch: int = 32, lr: float = 1e-3) -> GPT:
     torch.manual_seed(seed)
-    model = GPT(gpt_config("GPT-vvs-S")) if start is None else start.float()
-    recipe = FROM_SCRATCH if start is None else CONTINUED
+    model = GPT(gpt_config("GPT-vvs-S"))
     null = model.config.null_class
     p_drop = model.config.class_dropout_prob
 
@@ -50,7 +42,7 @@ def train_target(labels: torch.Tensor, tokens: torch.Tensor, out_dir: Path, seed
         loss = F.cross_entropy(logits.float().flatten(0, 1), seq.flatten())
         return loss, {}
 
-    train("target", model, step_fn, Schedule(**recipe, weight_decay=0.05), out_dir, seed)
+    train("target", model, step_fn, Schedule(steps=steps, lr=lr, warmup=100, weight_decay=0.05), out_dir, seed)
     return model
 
 
