@@ -27,7 +27,7 @@ class ReferenceDrafter:
 
     def _propose(self, g, hidden):
         with torch.inference_mode():
-            return self.propose(hidden, g["cfg_mix"], g["temperature"], g["top_k"], g["top_p"])
+            return self.propose(hidden, *(g[name] for name in ("cfg_mix", "temperature", "top_k", "top_p", "survivors_k")))
 
     def extend(self, tokens, features, positions, count, g):
         n, m = tokens.shape

@@ -128,28 +128,25 @@ OLD = Path(__file__).parent / "golden" / "old_folders"
 
 
 @pytest.mark.parametrize("name", ["llamagen", "mar"])
-def test_a_manifest_written_before_the_move_still_reads(name, tmp_path):
-    """The manifests of folders exported by the code before the move (``old_folders/make_old_folders.py``) pass
-    today's checks (schema, model configs, decoding defaults) and name their family. Their ONNX files are not kept
-    (31 MB); the next test shows today's code writes the same graphs and reads them to the same tokens."""
+def test_a_folder_of_the_earlier_format_is_refused_with_what_to_do(name, tmp_path):
+    """The folders exported before the move (``old_folders/make_old_folders.py``) are of format 1; format 2 added
+    the drafter's ``survivors_k`` input (top-p renormalised over top-k's survivors) and the target's
+    ``sampled_codes``. Such a folder is refused in one line that names both formats and says to re-export; the next
+    test shows today's export of the same models decodes the same tokens."""
     import shutil
 
-    from vvs.engines.manifest import read_manifest
-    from vvs.families.registry import family_of
+    from vvs.engines.manifest import EngineFolderError, read_manifest
 
     shutil.copy(OLD / name / "manifest.json", tmp_path / "manifest.json")
-    manifest = read_manifest(tmp_path)
-    assert family_of(manifest).name == name
-    parsed = family_of(manifest).options.from_dict(manifest["decoding_defaults"]).to_dict()
-    # every stored value is kept; options added since then take their defaults
-    assert {k: parsed[k] for k in manifest["decoding_defaults"]} == manifest["decoding_defaults"]
+    with pytest.raises(EngineFolderError, match="format 'vvs-engine-folder/1' is not 'vvs-engine-folder/2'; re-export"):
+        read_manifest(tmp_path)
 
 
 def test_old_folders_decode_as_they_did(tiny_folder):
-    """Today's exporter writes the old manifests' graphs, specs and settings for the same small LlamaGen models, and
-    today's runtime decodes that folder on ONNX Runtime to the tokens the old code decoded from its own; for MAR,
-    today's graph specs are the ones the old folder records (its decoding is pinned by the shipped pair's latents
-    above)."""
+    """Today's exporter writes the old manifests' graphs, specs and settings for the same small LlamaGen models (but
+    for what format 2 added), and today's runtime decodes that folder on ONNX Runtime to the tokens the old code
+    decoded from its own; for MAR, today's graph specs are the ones the old folder records (its decoding is pinned
+    by the shipped pair's latents above)."""
     import json
 
     from safetensors.torch import load_file
@@ -161,9 +158,12 @@ def test_old_folders_decode_as_they_did(tiny_folder):
 
     old = json.loads((OLD / "llamagen" / "manifest.json").read_text())
     new = json.loads((tiny_folder / "manifest.json").read_text())
-    left_out = ("files", "versions", "decoding_defaults")
-    # recorded since: the image size (every folder), the class names (this fixture's)
+    left_out = ("files", "versions", "decoding_defaults", "format")
+    # recorded since: the image size (every folder), the class names (this fixture's); format 2's additions
     new["model"] = {k: v for k, v in new["model"].items() if k not in ("image_size", "classes")}
+    assert new["model"]["target"].pop("sampled_codes") is None
+    tree_inputs = new["graphs"]["draft_tree"]["spec"]["inputs"]
+    assert tree_inputs.pop() == {"name": "survivors_k", "dtype": "int64", "shape": [1], "host": True}
     assert {k: v for k, v in old.items() if k not in left_out} == {k: v for k, v in new.items() if k not in left_out}
     # every old default as it was; the window modes' options added since then take their defaults
     assert {k: new["decoding_defaults"][k] for k in old["decoding_defaults"]} == old["decoding_defaults"]

@@ -7,6 +7,7 @@ import torch
 
 from conftest import SMALL, run_cli
 from reference_accept import walk_accept
+from vvs.engines import load_engines
 from vvs.families.llamagen.engines import torch_engines
 from vvs.families.llamagen.graphs import Proposer
 from vvs.families.llamagen.bundle import load_bundle
@@ -15,18 +16,21 @@ from vvs.families.llamagen.inflate import inflate_bundle, inflated_config
 from vvs.runtime.accept import Relaxation, sample_accept
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
-from vvs.runtime.sampling import cfg_matrix
+from vvs.runtime.sampling import Processor, cfg_matrix, filter_logits
 from vvs.runtime.tree import DraftTree, ancestor_matrix
 
 
 def _forward_pair(small, big, tokens, conditions):
+    """Target and drafter logits of both pairs; the large pair's over the small one's codes only."""
     a, b = small.target.teacher_forced(conditions, tokens), big.target.teacher_forced(conditions, tokens)
     length = tokens.shape[1] + 1
     ids = torch.cat([tokens, tokens[:, :1]], 1)
     positions = torch.arange(1, length + 1).expand(len(tokens), -1)
     da = small.drafter(a.hidden, ids, positions, causal_mask(length))
     db = big.drafter(b.hidden, ids, positions, causal_mask(length))
-    return a, b, small.target.output(da.hidden), big.target.output(db.hidden), db.hidden
+    codes = small.target.config.vocab_size
+    return (a, b._replace(logits=b.logits[..., :codes]), small.target.output(da.hidden),
+            big.target.output(db.hidden)[..., :codes], db.hidden)
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +45,24 @@ def shipped_b(shipped):
 
 @torch.no_grad()
 def test_inflated_shipped_pair_computes_the_same_function(shipped, shipped_b):
-    """GPT-B's shapes (12 layers, 12 heads of 64, width 768, feed-forward 2048; head dimension twice the shipped
-    one's), the shipped pair's logits and drafter logits to float rounding, and exact zeros in the padded channels."""
+    """GPT-B's shapes (12 layers, 12 heads of 64, width 768, feed-forward 2048, the official 16,384-code head; head
+    dimension twice the shipped one's), the shipped pair's logits and drafter logits to float rounding over its
+    1,024 codes, and exact zeros in the padded channels."""
     cfg = shipped_b.target.config
-    assert (cfg.n_layer, cfg.n_head, cfg.dim, cfg.ffn_hidden) == (12, 12, 768, 2048)
+    assert (cfg.n_layer, cfg.n_head, cfg.dim, cfg.ffn_hidden, cfg.vocab_size) == (12, 12, 768, 2048, 16384)
+    assert cfg.sampled_ids == range(1024) and shipped_b.drafter.config.vocab_size == 16384
     assert shipped_b.drafter.layers[0].mlp.gate_proj.weight.shape == (2048, 768)
     gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab_size, (3, 60), generator=gen)
+    tokens = torch.randint(0, 1024, (3, 60), generator=gen)
     a, b, da, db, drafter_hidden = _forward_pair(shipped, shipped_b, tokens, torch.tensor([0, 7, 16]))
     scale = a.logits.abs().max()
     assert (a.logits - b.logits).abs().max() < 1e-5 * scale
     assert (da - db).abs().max() < 1e-5 * da.abs().max()
     assert torch.equal(b.hidden[..., 192:], torch.zeros_like(b.hidden[..., 192:]))
     assert torch.equal(drafter_hidden[..., 192:], torch.zeros_like(drafter_hidden[..., 192:]))
-    # the padding is not trivially zero everywhere: the dead heads, layers and channels compute random values
+    # the padding is not trivially zero everywhere: the dead heads, layers, channels and codes compute random values
     assert shipped_b.target.layers[11].attention.wqkv.weight.abs().sum() > 0
+    assert shipped_b.target.output.weight[1024:].abs().min() > 0
 
 
 def test_inflation_with_four_times_the_head_dimension(bundle_factory):
@@ -77,24 +84,26 @@ def test_inflating_a_broken_copy_is_caught():
     big.target.layers[0].attention.wqkv.weight[:768] *= 0.5
     tokens = torch.randint(0, 1024, (1, 30), generator=torch.Generator().manual_seed(2))
     a, b = small.target.teacher_forced(torch.tensor([3]), tokens), big.target.teacher_forced(torch.tensor([3]), tokens)
-    assert (a.logits - b.logits).abs().max() > 1e-2
+    assert (a.logits - b.logits[..., :1024]).abs().max() > 1e-2
 
 
 def test_inflation_refuses_a_smaller_size(shipped):
     from vvs.families.llamagen.gpt import gpt_config
 
-    with pytest.raises(ValueError, match="at least as many layers and heads"):
+    with pytest.raises(ValueError, match="at least as many layers, heads and codes"):
         inflated_config(gpt_config("GPT-XL", n_layer=8), "GPT-B")
     with pytest.raises(KeyError):
         inflated_config(shipped.target.config, "GPT-Q")
 
 
-def test_inflated_pair_decodes_the_shipped_tokens(shipped, shipped_b):
-    """The real loop, greedy with guidance, VVS over LANTERN with a tree: the GPT-B-sized pair commits the shipped
-    pair's tokens and makes the same target forwards, skips and drafter calls — its acceptance is the shipped
-    pair's."""
-    opts = DecodeOptions(mode="vvs", temperature=0.0, cfg_scale=3.0, lantern_k=32, skip_interval=3, tree_size=12,
-                         depth=3, draft_top_k=4)
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0, top_k=100, top_p=0.9)])
+def test_inflated_pair_decodes_the_shipped_tokens(shipped, shipped_b, sampling):
+    """The real loop with guidance, VVS over LANTERN with a tree, greedy and sampled with both filters: the
+    GPT-B-sized pair, with the official 16,384-code head, commits the shipped pair's tokens and makes the same target
+    forwards, skips and drafter calls — its acceptance is the shipped pair's, and its extra codes are never
+    sampled."""
+    opts = DecodeOptions(mode="vvs", cfg_scale=3.0, lantern_k=32, skip_interval=3, tree_size=12, depth=3,
+                         draft_top_k=4, **sampling)
     got = []
     for bundle in (shipped, shipped_b):
         pipe = Pipeline(torch_engines(bundle), opts, max_batch=2)
@@ -110,27 +119,65 @@ def test_inflated_pair_decodes_the_shipped_tokens(shipped, shipped_b):
     assert small.stats[0].skipped_verifications > 0 and small.stats[0].tokens_per_target_forward > 1.5
 
 
-def test_proposer_filters_candidates_without_sorting_the_vocabulary():
-    """Candidates are the top-k of the tempered, guided logits; scores are log-probabilities over the whole
-    vocabulary; top-k removes candidates past rank K and top-p those whose better-ranked mass reaches p."""
+def _llamagen_filter(logits, top_k, top_p):
+    """LlamaGen's ``top_k_top_p_filtering`` as its source reads (written here from that description): remove codes
+    below the k-th value; sort, and remove a code once the cumulative softmax of the codes before it exceeds p.
+    Then codes tied with the least likely one kept are kept too (LlamaGen's sort order decides among them)."""
+    logits = logits.clone()
+    if top_k > 0:
+        k = min(top_k, logits.shape[-1])
+        logits[logits < logits.topk(k, -1).values[..., -1:]] = float("-inf")
+    if top_p < 1.0:
+        ordered, order = logits.sort(-1, descending=True)
+        cum = ordered.softmax(-1).cumsum(-1)
+        remove = torch.cat([torch.zeros_like(cum[..., :1], dtype=torch.bool), cum[..., :-1] > top_p], -1)
+        least = ordered.masked_fill(remove, float("inf")).amin(-1, keepdim=True)
+        logits[remove.scatter(-1, order, remove) & (logits < least)] = float("-inf")
+    return logits
+
+
+FILTERS = [(k, p) for k in (0, 3, 5, 7, 40, 60) for p in (1.0, 0.9, 0.6, 0.3)]
+
+
+def test_the_targets_filter_is_llamagens_ties_included():
+    """Top-k keeps codes tied with the k-th; top-p's mass is renormalised over top-k's survivors, ties included, and
+    a code stays while the mass before it is at most p — on random logits and on logits tied at the k-th value."""
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(64, 60, generator=gen) * 2.0
+    tied = logits.clone()
+    ranked = tied.argsort(-1, descending=True)
+    for k in (3, 7, 40):  # the k-th code ties with the next one
+        tied.scatter_(-1, ranked[:, k : k + 1], tied.gather(-1, ranked[:, k - 1 : k]))
+    for k, p in FILTERS:
+        for x in (logits, tied):
+            want = _llamagen_filter(x / 0.8, k, p)
+            assert torch.equal(filter_logits(x, 0.8, k, p).isfinite(), want.isfinite()), (k, p)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_drafted_candidates_are_those_the_targets_filter_keeps(tied):
+    """The drafter's in-graph filter against the target's (:func:`filter_logits`) on the same guided, tempered
+    logits: a candidate is proposed, with its log-probability over the whole vocabulary, exactly when the target's
+    filter keeps it — top-k below, at and above the candidates' count and at the vocabulary, top-p with and without
+    top-k, on logits with ties and without."""
     torch.manual_seed(0)
-    head = torch.nn.Linear(8, 50, bias=False)
+    head = torch.nn.Linear(8, 60, bias=False)
+    hidden = torch.randn(6, 3, 8)  # 3 images with guidance
+    if tied:  # codes in identical pairs: the k-th code's twin ties with it across the top-k boundary (k odd)
+        head.weight.data[1::2] = head.weight.data[0::2]
     prop = Proposer(head, 5).eval()
-    hidden = torch.randn(4, 3, 8)  # 2 images with guidance
-    mix = cfg_matrix(2, 2.5)
-    args = lambda t, k, p: (torch.tensor([t]), torch.tensor([k]), torch.tensor([p]))  # noqa: E731
+    mix = cfg_matrix(3, 2.5)
+    logits = 2.5 * head(hidden[:3]) - 1.5 * head(hidden[3:])
     with torch.no_grad():
-        logp, ids = prop(hidden, mix, *args(0.8, 0, 1.0))
-        logits = (2.5 * head(hidden[:2]) - 1.5 * head(hidden[2:])) / 0.8
-        want = torch.log_softmax(logits, -1).topk(5, -1)
-        assert torch.equal(ids, want.indices)
-        assert torch.allclose(logp, want.values, atol=1e-5)
-        logp_k, _ = prop(hidden, mix, *args(0.8, 3, 1.0))
-        assert torch.isinf(logp_k[..., 3:]).all() and torch.equal(logp_k[..., :3], logp[..., :3])
-        logp_p, _ = prop(hidden, mix, *args(0.8, 0, 0.3))
-        mass = logp.exp()
-        keep = (mass.cumsum(-1) - mass) < 0.3
-        assert torch.equal(torch.isfinite(logp_p), keep) and keep[..., 0].all() and not keep.all()
+        for k, p in FILTERS:
+            inputs = Processor(0.8, k, p, vocab_size=60).graph_inputs()
+            logp, ids = prop(hidden, mix, *(inputs[name] for name in ("temperature", "top_k", "top_p", "survivors_k")))
+            kept = filter_logits(logits, 0.8, k, p).gather(-1, ids).isfinite()
+            assert torch.equal(logp.isfinite(), kept), (k, p)
+            want = torch.log_softmax(logits / 0.8, -1).gather(-1, ids)
+            assert torch.allclose(logp[kept], want[kept], atol=1e-5)
+            assert kept[..., 0].all()
+    assert ids.shape == (3, 3, 5)
 
 
 def _random_tree(n, gen, vocab, k=3, depth=3):
@@ -205,6 +252,13 @@ def test_bench_scale_runs_an_inflated_folder(tiny_folder, tmp_path, capsys, monk
         a, b = small["modes"][mode], scaled["modes"][mode]
         assert a["tokens_per_target_forward"] == b["tokens_per_target_forward"]
         assert a["target_forwards_per_image"] == b["target_forwards_per_image"]
+    # the inflated folder on ONNX Runtime, sampled with both filters: the source's tokens in every kind of mode
+    assert manifest["model"]["target"]["vocab_size"] == 16384
+    pipes = [Pipeline(load_engines(f, "onnxruntime")) for f in (folder, tmp_path / "engines-scale" / "GPT-B")]
+    for mode in ("sd", "vvs", "sjd"):
+        tokens = [p.generate([1, 3], mode=mode, temperature=1.0, top_k=10, top_p=0.8, cfg_scale=2.0, seed=3,
+                             decode_images=False).tokens for p in pipes]
+        assert torch.equal(*tokens), mode
     for bad, message in ((["--scale", "GPT-Q"], "choose one of GPT-B"), (["--scale", "GPT-B", "--tune"], "--tune")):
         code, _, err = run_cli(bench_main, [*args, *bad], capsys, monkeypatch)
         assert code == 2 and message in err and "Traceback" not in err

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from vvs.runtime.conditions import Conditioning, TokenLayout
     from vvs.text.encoder import TextEncoder
 
+TOPK_LIMIT = 3840  # the largest k TensorRT's TopK selects
 GRAPHS = ("target_prefill", "target_verify", "draft_tree", "vq_decode")
 TEXT_GRAPH = "text_encode"  # t2i folders exported with their text encoder (vvs.text)
 
@@ -45,8 +46,8 @@ class Engine(Protocol):
 @dataclass
 class EngineSet:
     backend: str
-    # the target's config; the loop reads cls_token_num (condition slots), num_image_tokens, vocab_size (codes),
-    # max_positions, n_layer, n_head, head_dim and dim
+    # the target's config; the loop reads cls_token_num (condition slots), num_image_tokens, vocab_size (the head's
+    # ids), sampled_ids (the range of them an image position takes), max_positions, n_layer, n_head, head_dim, dim
     target: object
     drafter_layers: int
     graphs: dict[str, Engine]
@@ -109,6 +110,10 @@ class EngineSet:
             raise OptionsError.bad("mode", opts.mode, "this engine folder has no drafter; it runs ar, sjd, sjd-pac "
                                                       "and gsd (export it with a drafter for sd, lantern and vvs)")
         opts.check_model(self.target.vocab_size, self.target.num_image_tokens, self.max_draft_top_k)
+        if self.backend.startswith("tensorrt") and opts.top_p < 1.0 and TOPK_LIMIT < opts.top_k < self.target.vocab_size:
+            raise OptionsError.bad("top_k", opts.top_k, f"with top_p below 1 the drafter selects the top-k survivors, "
+                                                        f"and TensorRT selects at most {TOPK_LIMIT}; lower top_k or "
+                                                        "run on --backend onnxruntime")
         stored = None if self.neighbour_table is None or self.backend == "torch" else self.neighbour_table.shape[1]
         if opts.relaxed and stored is not None and opts.lantern_k > stored:
             raise OptionsError.bad("lantern_k", opts.lantern_k, f"the engine folder stores {stored} neighbours per "

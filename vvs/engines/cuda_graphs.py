@@ -25,8 +25,11 @@ class GraphedEngine:
         self.lock = threading.Lock()
 
     def key(self, inputs: dict[str, torch.Tensor]) -> tuple:
+        """Shapes, the cache's address, and the values of host inputs (a capture holds the shapes they set)."""
         kv = inputs.get("past_kv")
-        return tuple((k, tuple(v.shape)) for k, v in sorted(inputs.items())) + ((kv.data_ptr(),) if kv is not None else ())
+        host = tuple(tuple(inputs[t.name].tolist()) for t in self.spec.inputs if t.host)
+        return (tuple((k, tuple(v.shape)) for k, v in sorted(inputs.items())) + ((kv.data_ptr(),) if kv is not None else ())
+                + host)
 
     def capture(self, inputs: dict[str, torch.Tensor]):
         static = {k: (v if k == "past_kv" else v.clone()) for k, v in inputs.items()}

@@ -20,7 +20,7 @@ from vvs.export.spec import GraphSpec
 from vvs.families.registry import FAMILIES, family_of
 from vvs.runtime.options import OptionsError
 
-FORMAT = "vvs-engine-folder/1"
+FORMAT = "vvs-engine-folder/2"
 MANIFEST = "manifest.json"
 TABLES = "tables.safetensors"
 CALIBRATION = "calibration.safetensors"  # int8 folders: the activation statistics the Q/DQ scales came from
@@ -48,7 +48,7 @@ MANIFEST_SCHEMA = {
     "type": "object",
     "required": ["format", "model", "precision", "graphs", "decoding_defaults", "files"],
     "properties": {
-        "format": {"const": "vvs-engine-folder/1"},
+        "format": {"const": FORMAT},
         "model": {"type": "object", "required": ["family", "target"], "properties": {
             "family": {"enum": list(FAMILIES)},
             "target": {"type": "object"}, "drafter": {"type": "object"}, "draft": {"type": "object"},

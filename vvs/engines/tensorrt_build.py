@@ -100,9 +100,14 @@ def shape_ranges(manifest: dict, name: str, max_images: int) -> list[dict[str, t
     return family_of(manifest).call("tensorrt_profiles", manifest, name, max_images)
 
 
-def profile_of(spec, ranges: dict[str, tuple[int, int, int]]) -> dict[str, tuple[tuple, tuple, tuple]]:
+def profile_of(spec, ranges: dict[str, tuple]) -> dict[str, tuple[tuple, tuple, tuple]]:
+    """(min, opt, max) per input: shapes from the ranges of its symbolic dimensions; for a host input, the values
+    ``ranges[name]`` gives."""
     profile = {}
     for t in spec.inputs:
+        if t.host:
+            profile[t.name] = tuple(tuple(v) for v in ranges[t.name])
+            continue
         lo, opt, hi = ([], [], [])
         for d in t.shape:
             r = ranges[d] if isinstance(d, str) else (d, d, d)
@@ -182,6 +187,9 @@ def build_folder(folder: Path, backend: str = "tensorrt", max_images: int = 8,
     verify_files(folder, manifest)
     if manifest["precision"] == "int8":
         check_int8(folder, manifest)
+    if manifest["graphs"].get("draft_tree", {}).get("weights") == "int8":
+        raise BuildError("draft_tree: its int8 weights are ONNX Runtime's MatMulNBits, which TensorRT does not build; "
+                         "export the folder with --drafter-weights fp32 for TensorRT")
     out = folder / fl.name
     out.mkdir(exist_ok=True)
     engines = {}

@@ -30,13 +30,16 @@ class TensorSpec:
     name: str
     dtype: str
     shape: tuple[int | str, ...]
+    # its value sizes a tensor inside the graph: TensorRT reads it on the host (a shape tensor), and its
+    # optimisation profiles bound the value rather than the shape
+    host: bool = False
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), **({"host": True} if self.host else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TensorSpec":
-        return cls(d["name"], d["dtype"], tuple(d["shape"]))
+        return cls(d["name"], d["dtype"], tuple(d["shape"]), d.get("host", False))
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -134,6 +137,8 @@ def sample_tensor(spec: TensorSpec, dims: dict[str, int], vocab: int, max_positi
         return torch.zeros(shape, dtype=torch.long)
     if spec.name == "top_p":
         return torch.ones(shape)
+    if spec.name == "survivors_k":
+        return torch.full(shape, 3, dtype=torch.long)
     return torch.randn(shape, dtype=dtype)
 
 

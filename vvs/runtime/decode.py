@@ -114,7 +114,7 @@ class Decoding:
         self.n = n
         self.layout = RowLayout(n, guided=opts.guided)
         self.cfg_mix = cfg_matrix(n, opts.cfg_scale, device=self.dev)
-        self.proc = Processor(opts.temperature, opts.top_k, opts.top_p, device=self.dev)
+        self.proc = Processor(opts.temperature, opts.top_k, opts.top_p, device=self.dev, vocab_size=cfg.vocab_size)
         self.C, self.N = cfg.cls_token_num, cfg.num_image_tokens
         self.slack = 2 * opts.max_path_tokens  # room for a chain and a path committed past the last token
         self.capacity = self.C + self.N + self.slack

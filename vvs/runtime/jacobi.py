@@ -321,13 +321,14 @@ class Jacobi:
         """The next window after ``accepted`` drafts. Position k (stream index ``count + k``, ``count`` already
         advanced) was position ``accepted + 1 + k`` of this window: its first candidate is ``carry`` there, with
         ``q :=`` the main path's distribution, while the forward reached it, else a random code with a uniform
-        ``q``; the tree's other candidates are drawn from ``q`` without replacement; forced tokens are placed with a
+        ``q`` over the codes the model samples; the tree's other candidates are drawn from ``q`` without replacement; forced tokens are placed with a
         one-hot ``q``."""
         d, w = self.d, self.window
-        vocab = self.q.shape[-1]
+        vocab, codes = self.q.shape[-1], d.cfg.sampled_ids
         P = w.positions
-        first = (refills * vocab).long().clamp(max=vocab - 1)
-        q = torch.full_like(self.q, 1.0 / vocab)
+        first = codes.start + (refills * len(codes)).long().clamp(max=len(codes) - 1)
+        q = torch.zeros_like(self.q)
+        q[..., codes.start : codes.stop] = 1.0 / len(codes)
         if carry is not None:
             j = accepted[:, None] + torch.arange(1, P + 1, device=d.dev)  # index of the old position - 1
             inside, jj = j <= P, j.clamp(max=P)

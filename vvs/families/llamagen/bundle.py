@@ -90,9 +90,9 @@ def load_bundle(
     if drafter or not (checkpoint or no_drafter):
         drafter_model = load_drafter(drafter or shipped_path(f"{pair}drafter"), target.config)
     vq_model = load_vq(vq or shipped_path("vq"), vq_cfg, ema=ema)
-    if vq_model.config.codebook_size != target.config.vocab_size:
+    if vq_model.config.codebook_size != len(target.config.sampled_ids):
         raise VVSError(
-            f"the VQ codebook has {vq_model.config.codebook_size} codes but the target's vocabulary is "
-            f"{target.config.vocab_size}: pass the tokenizer the target was trained with (--vq)"
+            f"the VQ codebook has {vq_model.config.codebook_size} codes but the target samples "
+            f"{len(target.config.sampled_ids)}: pass the tokenizer the target was trained with (--vq)"
         )
     return ModelBundle(target, drafter_model, vq_model)

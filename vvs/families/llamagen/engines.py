@@ -120,8 +120,9 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
     uncond = getattr(bundle.target.cls_embedding, "uncond_embedding", None)  # t2i targets only
 
     def tree_loader(shape: TreeShape) -> TorchEngine:  # any shape: the module shares the drafter's weights
-        module = DraftTreeGraph(bundle.drafter, graphs["draft_tree"].propose.head, shape,
-                                bundle.target.config.max_positions - 1).eval()
+        propose = graphs["draft_tree"].propose
+        module = DraftTreeGraph(bundle.drafter, propose.head, shape, bundle.target.config.max_positions - 1,
+                                propose.mask).eval()
         return TorchEngine(module, draft_tree_spec(bundle.target.config, bundle.drafter.config, shape, act))
 
     engines = EngineSet(

@@ -23,6 +23,7 @@ from vvs.errors import VVSError
 from vvs.export.folder import folder_transaction, tool_versions
 from vvs.export.onnx_export import export_graph
 from vvs.export.spec import DTYPES, GraphSpec
+from vvs.export.weight_only import quantize_weights
 from vvs.families.llamagen.bundle import ModelBundle
 from vvs.families.llamagen.drafter import DrafterConfig
 from vvs.families.llamagen.gpt import GPTConfig
@@ -39,15 +40,25 @@ TREES = "trees"  # draft_tree graphs of other tree shapes, exported on demand
 TREE_INDEX = "index.json"  # in TREES: the size and sha256 of every file exported there
 
 
+DRAFTER_WEIGHTS = ("fp32", "int8")
+
+
 def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", max_draft_top_k: int = 10,
                   neighbours: int | None = None, decoding_defaults: dict | None = None,
                   extra_model_info: dict | None = None, progress: bool = True, force: bool = False,
-                  text_encoder: tuple | None = None) -> dict:
+                  text_encoder: tuple | None = None, drafter_weights: str = "fp32") -> dict:
     """Export ``bundle`` into ``out_dir``; returns the manifest. ``neighbours``: LANTERN neighbours stored per
     code (default: the decoding defaults' ``lantern_k``). ``text_encoder``: a t2i target's ``transformers`` T5
-    encoder and tokenizer (:func:`vvs.text.export.load_text_encoder`), exported as the ``text_encode`` graph."""
+    encoder and tokenizer (:func:`vvs.text.export.load_text_encoder`), exported as the ``text_encode`` graph.
+    ``drafter_weights="int8"``: the draft_tree graphs' matrices as ONNX Runtime's int8 ``MatMulNBits``
+    (:mod:`vvs.export.weight_only`)."""
     if precision not in PRECISIONS:
         raise VVSError(f"option precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if drafter_weights not in DRAFTER_WEIGHTS:
+        raise VVSError(f"option drafter_weights={drafter_weights!r}: choose one of {', '.join(DRAFTER_WEIGHTS)}")
+    if drafter_weights == "int8" and (precision != "fp32" or bundle.drafter is None):
+        raise VVSError("option --drafter-weights int8: needs a drafter and --precision fp32 (the int8 weights "
+                       "multiply float32 activations quantised on the fly)")
     defaults = DecodeOptions().updated(**(decoding_defaults or {}))
     if bundle.drafter is None and defaults.uses_drafter:  # the best exact mode that needs no drafter
         defaults = defaults.updated(mode="sjd-pac")
@@ -80,10 +91,13 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
             written = export_graph(graphs[name], specs[name], work / f"{name}.onnx", vocab,
                                    bundle.target.config.max_positions - 1)
             onnx.checker.check_model(str(written[0]))
+            if name == "draft_tree" and drafter_weights == "int8":
+                written = quantize_weights(written[0])
             files += written
             entries[name] = {"file": written[0].name, "spec": specs[name].to_dict()}
         if drafter is not None:
             entries["draft_tree"]["tree"] = list(defaults.tree)
+            entries["draft_tree"]["weights"] = drafter_weights
         if text_encoder is not None:
             from vvs.text.export import export_text_encoder
 
@@ -135,7 +149,8 @@ def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, Gr
     folder's own files are checked; a graph that fails (truncated, edited) is exported again."""
     folder = Path(folder)
     weights = "".join(manifest["files"][TORCH_WEIGHTS[m]]["sha256"][:8] for m in ("target", "drafter"))
-    path = folder / TREES / f"draft_tree-{tree.name}-{weights}.onnx"
+    int8 = manifest["graphs"]["draft_tree"].get("weights") == "int8"
+    path = folder / TREES / f"draft_tree-{tree.name}-{weights}{'-int8' if int8 else ''}.onnx"
     target = GPTConfig(**manifest["model"]["target"])
     act = graph_spec(manifest, "draft_tree").inputs[0].dtype
     spec = draft_tree_spec(target, DrafterConfig(**manifest["model"]["drafter"]), tree, act)
@@ -149,7 +164,8 @@ def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, Gr
         module = draft_tree_graph(gpt, load_drafter(folder / TORCH_WEIGHTS["drafter"], gpt.config), tree)
         cast_floating(module, DTYPES[act])
         try:
-            _record(path.parent, export_graph(module, spec, path, target.vocab_size, target.max_positions - 1))
+            written = export_graph(module, spec, path, target.vocab_size, target.max_positions - 1)
+            _record(path.parent, quantize_weights(path) if int8 else written)
         except OSError as err:
             raise VVSError(f"{path}: cannot write the draft_tree graph for tree {tree.name} ({err.strerror or err}); "
                            "make the engine folder writable, or export it with this tree as a default") from None
@@ -207,6 +223,7 @@ def tensorrt_profiles(manifest: dict, name: str, max_images: int) -> list[dict[s
     """One optimisation profile per ``new`` bucket of the graph (:mod:`vvs.engines.buckets`), sized for the
     runtime's cache buffers."""
     from vvs.engines.buckets import PAST_SLACK, buckets
+    from vvs.engines.base import TOPK_LIMIT
     from vvs.engines.tensorrt_build import profile_of
     from vvs.runtime.cache import KVCache
 
@@ -221,7 +238,8 @@ def tensorrt_profiles(manifest: dict, name: str, max_images: int) -> list[dict[s
     for new in news:
         ranges = {"batch": (1, 2 * max_images, 2 * max_images), "images": (1, max_images, max_images),
                   "new": (new, new, new), "past": past,
-                  "past_plus_new": tuple(p + new for p in past)}
+                  "past_plus_new": tuple(p + new for p in past),
+                  "survivors_k": ((1,), (1,), (min(target["vocab_size"], TOPK_LIMIT),))}
         profiles.append(profile_of(spec, ranges))
     return profiles
 
@@ -251,4 +269,4 @@ def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
 
         encoder = load_text_encoder(text_encoder, bundle.target.config.caption_dim)
     return export_folder(bundle, out, o["precision"], o["max_draft_top_k"], o["lantern_k"], defaults, extra,
-                         force=force, text_encoder=encoder)
+                         force=force, text_encoder=encoder, drafter_weights=o["drafter_weights"])

@@ -23,6 +23,7 @@ class GPTConfig:
     n_layer: int
     n_head: int
     vocab_size: int = 16384
+    sampled_codes: int | None = None  # ids from here up are never sampled (a head wider than the codebook); None: none
     model_type: str = "c2i"  # "c2i" (class ids) or "t2i" (caption embeddings)
     num_classes: int = 1000
     caption_dim: int = 2048
@@ -42,6 +43,8 @@ class GPTConfig:
             raise ValueError(f"model_type must be 'c2i' or 't2i', got {self.model_type!r}")
         if self.dim % self.n_head or (self.dim // self.n_head) % 4:
             raise ValueError(f"dim {self.dim} must split into {self.n_head} heads whose size is a multiple of 4")
+        if self.sampled_codes is not None and not 0 < self.sampled_codes <= self.vocab_size:
+            raise ValueError(f"sampled_codes {self.sampled_codes} must lie in [1, vocab_size {self.vocab_size}]")
 
     @property
     def head_dim(self) -> int:
@@ -50,6 +53,11 @@ class GPTConfig:
     @property
     def ffn_hidden(self) -> int:
         return ffn_hidden_size(self.dim, self.multiple_of, self.ffn_dim_multiplier)
+
+    @property
+    def sampled_ids(self) -> range:
+        """The ids an image position may take: the codebook's codes, which the head's first rows score."""
+        return range(self.vocab_size if self.sampled_codes is None else self.sampled_codes)
 
     @property
     def num_image_tokens(self) -> int:

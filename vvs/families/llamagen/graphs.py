@@ -15,7 +15,7 @@ from vvs.families.llamagen.gpt import GPT
 from vvs.models.vq import VQModel
 from vvs.runtime.cache import causal_within
 from vvs.runtime.options import TreeShape
-from vvs.runtime.sampling import mix
+from vvs.runtime.sampling import mix, vocabulary_mask
 from vvs.runtime.tree import select_tree
 
 
@@ -25,12 +25,13 @@ class TargetPrefill(nn.Module):
     def __init__(self, target: GPT):
         super().__init__()
         self.target = target
+        self.mask = vocabulary_mask(target.config.vocab_size, target.config.sampled_ids)
 
     def forward(self, condition, attn_mask, cfg_mix):
         c = self.target.config.cls_token_num
         positions = torch.arange(c, device=attn_mask.device).expand(condition.shape[0], c)
         out = self.target(condition=condition, position_ids=positions, mask=attn_mask)
-        return mix(cfg_mix, out.logits[:, -1]), out.hidden, out.new_kv
+        return _masked(self.mask, mix(cfg_mix, out.logits[:, -1])), out.hidden, out.new_kv
 
 
 class TargetVerify(nn.Module):
@@ -39,10 +40,15 @@ class TargetVerify(nn.Module):
     def __init__(self, target: GPT):
         super().__init__()
         self.target = target
+        self.mask = vocabulary_mask(target.config.vocab_size, target.config.sampled_ids)
 
     def forward(self, input_ids, position_ids, attn_mask, past_kv, cfg_mix):
         out = self.target(tokens=input_ids, position_ids=position_ids, mask=attn_mask, past_kv=past_kv)
-        return mix(cfg_mix, out.logits), out.hidden, out.new_kv
+        return _masked(self.mask, mix(cfg_mix, out.logits)), out.hidden, out.new_kv
+
+
+def _masked(mask, logits):
+    return logits if mask is None else mask(logits)
 
 
 class DrafterStep(nn.Module):
@@ -65,24 +71,45 @@ class Proposer(nn.Module):
     applied once per expanded node and nowhere else: guidance is linear, so the guided rows' hidden states are mixed
     before the head rather than their logits after it, and nothing sorts the vocabulary. Candidates are the top-k of
     the tempered logits, scored by log-probability under the tempered distribution (normalised by a log-sum-exp over
-    the vocabulary); the sampling filters only remove candidates — top-k by rank, top-p by the mass of the candidates
-    ranked above, both known from the top-k alone — so a draft the target's filter would refuse is never proposed."""
+    the vocabulary). The sampling filters then remove exactly the candidates that the target's filter
+    (:func:`vvs.runtime.sampling.filter_logits`) would remove from these logits, so a draft the target's filter
+    refuses is never proposed."""
 
-    def __init__(self, head: nn.Linear, top_k: int):
+    def __init__(self, head: nn.Linear, top_k: int, mask: nn.Module | None = None):
         super().__init__()
         self.head = head
         self.top_k = top_k
+        self.mask = mask
 
-    def forward(self, hidden, cfg_mix, temperature, top_k, top_p):
+    def forward(self, hidden, cfg_mix, temperature, top_k, top_p, survivors_k):
         """``hidden [rows, j, D]`` -> ``(logp, ids)``, each ``[n, j, top_k]``, best first."""
         mixed = mix(cfg_mix, hidden).to(self.head.weight.dtype)
-        logits = self.head(mixed).float() / temperature.clamp_min(1e-5)
+        logits = _masked(self.mask, self.head(mixed).float()) / temperature.clamp_min(1e-5)
         top = logits.topk(self.top_k, dim=-1)
         logp = top.values - torch.logsumexp(logits, dim=-1, keepdim=True)
-        rank = torch.arange(self.top_k, device=hidden.device)
-        mass = logp.exp()
-        kept = ((top_k <= 0) | (rank < top_k)) & (((mass.cumsum(-1) - mass) < top_p) | (top_p >= 1.0))
+        kept = self.filtered(logits, top.values, top_k, top_p, survivors_k)
         return torch.where(kept, logp, float("-inf")), top.indices
+
+    def filtered(self, logits, values, top_k, top_p, survivors_k):
+        """Which candidates (``values``, best first) survive top-k then top-p as LlamaGen filters: top-k keeps every
+        code at least as likely as the k-th, ties included; top-p keeps a code while the mass strictly above it,
+        renormalised over the top-k survivors, is at most p (ties at that boundary all stay).
+
+        The renormalisation needs the k-th largest logit of the whole vocabulary: a TopK of ``survivors_k``, which
+        the runtime sets to top_k when both filters act and to 1 otherwise, so the selection costs only then."""
+        K, vocab = values.shape[-1], logits.shape[-1]
+        kth_candidate = values.gather(-1, (top_k - 1).clamp(0, K - 1).expand(*values.shape[:-1], 1))
+        kth_candidate = torch.where((top_k > 0) & (top_k <= K), kth_candidate, float("-inf"))
+        k = survivors_k.item()  # host memory (the runtime keeps it there): no wait for the device
+        torch._check(k >= 1)
+        torch._check(k <= vocab)
+        kth = logits.topk(k, dim=-1).values[..., -1:]
+        renormalised = (top_p < 1.0) & (top_k > 0) & (top_k < vocab)
+        bound = torch.where(renormalised, kth, float("-inf"))
+        survivors = torch.logsumexp(logits.masked_fill(logits < bound, float("-inf")), dim=-1, keepdim=True)
+        mass = (values - survivors).exp()
+        above = (mass[..., None, :] * (values[..., None, :] > values[..., :, None])).sum(-1)
+        return (values >= kth_candidate) & ((above <= top_p) | (top_p >= 1.0))
 
 
 class DraftTreeGraph(nn.Module):
@@ -98,21 +125,22 @@ class DraftTreeGraph(nn.Module):
     The structure (size, depth, top-k) is fixed per graph; every level sees exactly the keys/values a per-level
     drafter call sequence would see, so the trees equal those of single drafter calls."""
 
-    def __init__(self, drafter: Drafter, head: nn.Linear, tree: TreeShape, max_position: int):
+    def __init__(self, drafter: Drafter, head: nn.Linear, tree: TreeShape, max_position: int,
+                 mask: nn.Module | None = None):
         super().__init__()
         self.step = DrafterStep(drafter)
-        self.propose = Proposer(head, tree.draft_top_k)
+        self.propose = Proposer(head, tree.draft_top_k, mask)
         self.tree = tree
         self.max_position = max_position  # positions past the last image token only occur in discarded branches
 
     def forward(self, features, input_ids, position_ids, past_kv, past_len, new_count, root_position, cfg_mix,
-                temperature, top_k, top_p):
+                temperature, top_k, top_p, survivors_k):
         k, depth = self.tree.draft_top_k, self.tree.depth
         n, rows, m = cfg_mix.shape[0], features.shape[0], input_ids.shape[1]
         groups = rows // n
         stable = past_kv.shape[4]
         dev = features.device
-        processor = (cfg_mix, temperature, top_k, top_p)
+        processor = (cfg_mix, temperature, top_k, top_p, survivors_k)
 
         # 1. the new stable slots, over the committed ones (the cache is read in place, never copied)
         length, count = past_len.repeat(groups), new_count.repeat(groups)
@@ -191,7 +219,8 @@ def build_graphs(target: GPT, drafter: Drafter | None, vq: VQModel, tree: TreeSh
 
 def draft_tree_graph(target: GPT, drafter: Drafter, tree: TreeShape) -> DraftTreeGraph:
     """The drafter graph holds its own copy of the target's head, as its exported engine does."""
-    return DraftTreeGraph(drafter, copy.deepcopy(target.output), tree, target.config.max_positions - 1).eval()
+    mask = vocabulary_mask(target.config.vocab_size, target.config.sampled_ids)
+    return DraftTreeGraph(drafter, copy.deepcopy(target.output), tree, target.config.max_positions - 1, mask).eval()
 
 
 # --------------------------------------------------------------------------- their inputs and outputs
@@ -258,6 +287,7 @@ def draft_tree_spec(target, drafter, tree, act: str = "float32") -> GraphSpec:
         TensorSpec("temperature", "float32", (1,)),  # the logits processor
         TensorSpec("top_k", "int64", (1,)),
         TensorSpec("top_p", "float32", (1,)),
+        TensorSpec("survivors_k", "int64", (1,), host=True),  # sizes a TopK: see Proposer.filtered
     ), (
         TensorSpec("stable_kv", act, (*kv, "new", t.head_dim)),
         TensorSpec("tokens", "int64", ("images", size - 1)),

@@ -20,8 +20,10 @@ How, for a model of width ``d`` inflated to ``D`` (heads of dimension ``hd`` to 
 - the extra heads, feed-forward channels and layers hold random weights (their arithmetic is real) whose output
   projections are zero, so they add exactly nothing to the stream.
 
-The code vocabulary stays the small model's: the LM head's cost at the official vocabulary (16,384 codes) is not
-part of an inflated pair (:mod:`vvs.families.llamagen.scale` says so wherever it reports).
+The head takes the official vocabulary (16,384 codes): its first rows and the embeddings' first rows are the small
+model's codes, the other rows random, so every target step and drafter expansion pays the official head. The extra
+ids are never sampled (``sampled_codes``: the graphs give them -inf logits before any filter), so the tokens stay
+the small pair's.
 """
 from __future__ import annotations
 
@@ -37,19 +39,21 @@ from vvs.models.layers import ffn_hidden_size
 
 
 def inflated_config(small: GPTConfig, size: str) -> GPTConfig:
-    """The official ``size``'s widths and depth with ``small``'s vocabulary, conditioning and grid."""
+    """The official ``size``'s widths, depth and vocabulary with ``small``'s conditioning and grid; only ``small``'s
+    codes are sampled."""
     big = gpt_config(size)
     r = big.head_dim // small.head_dim
     smaller = (big.ffn_hidden < small.ffn_hidden or big.dim < small.dim or big.n_head < small.n_head
-               or big.n_layer < small.n_layer)
+               or big.n_layer < small.n_layer or big.vocab_size < small.vocab_size)
     if smaller or r * small.head_dim != big.head_dim or small.head_dim % 4:
         raise ValueError(f"cannot inflate a target of {small.n_layer} layers x {small.n_head} heads of dimension "
-                         f"{small.head_dim} to {size} ({big.n_layer} x {big.n_head} x {big.head_dim}): the size must "
-                         "have at least as many layers and heads, and a head dimension that is a multiple of the "
-                         "small one")
+                         f"{small.head_dim} ({small.vocab_size} codes) to {size} ({big.n_layer} x {big.n_head} x "
+                         f"{big.head_dim}, {big.vocab_size} codes): the size must have at least as many layers, heads "
+                         "and codes, and a head dimension that is a multiple of the small one")
     # ffn_dim_multiplier=None and multiple_of=256 are the official sizes' feed-forward rule
     return replace(small, dim=big.dim, n_layer=big.n_layer, n_head=big.n_head, multiple_of=big.multiple_of,
-                   ffn_dim_multiplier=big.ffn_dim_multiplier, norm_eps=small.norm_eps * small.dim / big.dim)
+                   ffn_dim_multiplier=big.ffn_dim_multiplier, norm_eps=small.norm_eps * small.dim / big.dim,
+                   vocab_size=big.vocab_size, sampled_codes=len(small.sampled_ids))
 
 
 def head_channels(small: GPTConfig, big: GPTConfig) -> torch.Tensor:
@@ -111,9 +115,9 @@ def inflate_target(small: GPT, size: str, seed: int = 0) -> GPT:
     f = _Inflater(small.config, cfg, gen)
     for p in big.parameters():
         f.random(p)
-    d, D = small.config.dim, cfg.dim
+    d, D, v = small.config.dim, cfg.dim, small.config.vocab_size
     big.tok_embeddings.weight.zero_()
-    big.tok_embeddings.weight[:, :d] = small.tok_embeddings.weight
+    big.tok_embeddings.weight[:v, :d] = small.tok_embeddings.weight
     if cfg.model_type == "c2i":
         table = big.cls_embedding.embedding_table.weight
         table.zero_()
@@ -140,8 +144,8 @@ def inflate_target(small: GPT, size: str, seed: int = 0) -> GPT:
             f.stream_in(getattr(layer.feed_forward, name).weight, getattr(s.feed_forward, name).weight)
         f.stream_out(layer.feed_forward.w2.weight, s.feed_forward.w2.weight, torch.arange(hidden))
     f.norm(big.norm, small.norm)
-    big.output.weight.zero_()
-    big.output.weight[:, :d] = small.output.weight
+    big.output.weight[:v] = 0.0  # the extra codes' rows keep random weights: real arithmetic, masked logits
+    big.output.weight[:v, :d] = small.output.weight
     return big
 
 
@@ -150,7 +154,7 @@ def inflate_drafter(small: Drafter, small_target: GPTConfig, big_target: GPTConf
     sc = small.config
     hidden = ffn_hidden_size(big_target.dim, big_target.multiple_of, big_target.ffn_dim_multiplier)
     cfg = replace(sc, hidden_size=big_target.dim, num_attention_heads=big_target.n_head, intermediate_size=hidden,
-                  rms_norm_eps=sc.rms_norm_eps * sc.hidden_size / big_target.dim)
+                  rms_norm_eps=sc.rms_norm_eps * sc.hidden_size / big_target.dim, vocab_size=big_target.vocab_size)
     if hidden < sc.intermediate_size:
         raise ValueError(f"the drafter's feed-forward width {sc.intermediate_size} exceeds {hidden}")
     gen = torch.Generator().manual_seed(seed + 1)
@@ -160,7 +164,7 @@ def inflate_drafter(small: Drafter, small_target: GPTConfig, big_target: GPTConf
         f.random(p)
     d, D = sc.hidden_size, cfg.hidden_size
     big.embed_tokens.weight.zero_()
-    big.embed_tokens.weight[:, :d] = small.embed_tokens.weight
+    big.embed_tokens.weight[: sc.vocab_size, :d] = small.embed_tokens.weight
     # fc reads [embedding ; feature]: both halves' live channels
     big.fc.weight.zero_()
     big.fc.weight[:d, :d] = small.fc.weight[:, :d]
