@@ -3,7 +3,8 @@ one ``draft_tree`` call per tree shape (as a fraction of a target step), and the
 cycle. Random weights (per-call costs do not depend on the values; acceptance does, so speed-ups come from
 ``vvs-bench --scale``); ONNX Runtime CPU, one image with guidance.
 
-Usage: python bench/call_costs.py [--size GPT-B] [--vocab 16384] [--folder DIR] [--threads 2] [--json F]
+Usage: python bench/call_costs.py [--size GPT-B] [--vocab 16384] [--folder DIR] [--drafter-weights int8]
+[--threads 2] [--json F]
 
 The folder (default ``engines-random-GPT-B``) is exported once and reused; ``--folder`` of an existing engine
 folder measures that one. Runtime per cycle comes from decoding one image per tree shape with ``vvs`` (uniform
@@ -30,7 +31,7 @@ from vvs.tune import median_seconds  # noqa: E402
 SHAPES = [TreeShape(4, 2, 1), TreeShape(59, 4, 10)]  # the chain --tune picks on CPU; EAGLE-2's published tree
 
 
-def export_random(size: str, vocab: int, folder: Path) -> None:
+def export_random(size: str, vocab: int, folder: Path, drafter_weights: str = "fp32") -> None:
     from vvs.families.llamagen.exporter import export_folder
     from vvs.families.llamagen.gpt import GPT, gpt_config
     from vvs.models.vq import VQModel, vq_config
@@ -41,7 +42,7 @@ def export_random(size: str, vocab: int, folder: Path) -> None:
     target = GPT(gpt_config(size, vocab_size=vocab)).eval()
     drafter = Drafter(DrafterConfig.for_target(target.config), target.config).eval()
     vq = VQModel(vq_config("VQ-tiny", codebook_size=vocab)).eval()  # decoding pixels is not measured here
-    export_folder(ModelBundle(target, drafter, vq), folder, force=True,
+    export_folder(ModelBundle(target, drafter, vq), folder, force=True, drafter_weights=drafter_weights,
                   decoding_defaults=dict(zip(("tree_size", "depth", "draft_top_k"), SHAPES[0])))
 
 
@@ -90,15 +91,16 @@ def main():
     parser.add_argument("--size", default="GPT-B")
     parser.add_argument("--vocab", type=int, default=16384)
     parser.add_argument("--folder", default=None)
+    parser.add_argument("--drafter-weights", default="fp32", choices=("fp32", "int8"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--no-decode", action="store_true", help="skip the runtime-per-cycle decodes")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    folder = Path(args.folder or f"engines-random-{args.size}")
+    folder = Path(args.folder or f"engines-random-{args.size}" + ("-int8" if args.drafter_weights == "int8" else ""))
     if not (folder / MANIFEST).is_file():
-        export_random(args.size, args.vocab, folder)
+        export_random(args.size, args.vocab, folder, args.drafter_weights)
     engines = load_engines(folder, "onnxruntime", threads=args.threads)
     step = verify_cost(engines, 1, args.repeats)
     result = {"folder": str(folder), "target_step_ms": step * 1e3, "verify_ms": {}, "draft_tree": {}}

@@ -246,3 +246,19 @@ def test_an_int8_drafter_runs_on_onnxruntime_and_changes_no_exact_token(bundle_f
         build_folder(tmp_path / "f", "tensorrt-rtx")
     with pytest.raises(VVSError, match="needs a drafter and --precision fp32"):
         export_folder(bundle, tmp_path / "g", precision="fp16", progress=False, drafter_weights="int8")
+
+
+def test_force_replaces_a_folder_of_an_earlier_format(bundle_factory, tmp_path):
+    """A user upgrading vvs re-exports over the folder the earlier version wrote: ``--force`` takes a format-1
+    folder (its manifest kept in tests/golden/old_folders), and without ``--force`` the message says to pass it."""
+    from vvs.errors import VVSError
+    from vvs.families.llamagen.exporter import export_folder
+
+    out = tmp_path / "engines"
+    out.mkdir()
+    shutil.copy(Path(__file__).parent / "golden" / "old_folders" / "llamagen" / "manifest.json", out / "manifest.json")
+    with pytest.raises(VVSError, match="an engine folder is already there; pass --force to replace it"):
+        export_folder(bundle_factory(), out, progress=False)
+    manifest = export_folder(bundle_factory(), out, progress=False, force=True)
+    assert manifest["format"] == "vvs-engine-folder/2"
+    assert load_engines(out, "onnxruntime").target.vocab_size == 16

@@ -4,6 +4,7 @@ destroys a previous one until the new one is complete).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -17,7 +18,7 @@ import onnxscript
 import torch
 
 import vvs
-from vvs.engines.manifest import MANIFEST, read_manifest
+from vvs.engines.manifest import FORMAT, MANIFEST
 from vvs.errors import VVSError
 from vvs.export.onnx_export import OPSET
 from vvs.files import follow_umask
@@ -66,12 +67,20 @@ def check_out_dir(out_dir: Path, force: bool) -> None:
         raise VVSError(f"{out_dir}: exists and is not a folder; choose another --out")
     if not any(out_dir.iterdir()):
         return
-    try:
-        read_manifest(out_dir)
-    except VVSError:
-        raise VVSError(f"{out_dir}: exists and is not an engine folder; choose another --out") from None
+    if not is_engine_folder(out_dir):
+        raise VVSError(f"{out_dir}: exists and is not an engine folder; choose another --out")
     if not force:
         raise VVSError(f"{out_dir}: an engine folder is already there; pass --force to replace it")
+
+
+def is_engine_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds a vvs engine folder of any format (``--force`` replaces a folder exported by an
+    earlier version too)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and str(manifest.get("format")).startswith(FORMAT.rsplit("/", 1)[0] + "/")
 
 
 def remove_stale_work(parent: Path, name: str) -> None:
