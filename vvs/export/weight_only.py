@@ -38,8 +38,12 @@ def fold_weight_transposes(model: onnx.ModelProto) -> None:
 def quantize_weights(path: Path) -> list[Path]:
     """Rewrite the ONNX file ``path`` with int8 ``MatMulNBits`` in place of its constant-weight MatMuls (weights
     kept beside it in ``path.data``); returns the files it now consists of."""
+    root = logging.getLogger()
+    handlers, root_level = list(root.handlers), root.level
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    root.handlers[:] = handlers  # importing it configures INFO logging for every library
+    root.setLevel(root_level)
     path = Path(path)
     model = onnx.load(str(path))
     fold_weight_transposes(model)
