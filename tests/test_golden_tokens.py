@@ -164,6 +164,7 @@ def test_old_folders_decode_as_they_did(tiny_folder):
     assert new["model"]["target"].pop("sampled_codes") is None
     tree_inputs = new["graphs"]["draft_tree"]["spec"]["inputs"]
     assert tree_inputs.pop() == {"name": "survivors_k", "dtype": "int64", "shape": [1], "host": True}
+    assert new["graphs"]["draft_tree"].pop("weights") == "fp32"
     assert {k: v for k, v in old.items() if k not in left_out} == {k: v for k, v in new.items() if k not in left_out}
     # every old default as it was; the window modes' options added since then take their defaults
     assert {k: new["decoding_defaults"][k] for k in old["decoding_defaults"]} == old["decoding_defaults"]
