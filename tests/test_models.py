@@ -5,7 +5,7 @@ import torch
 from vvs.families.llamagen.drafter import Drafter, DrafterConfig
 from vvs.families.llamagen.gpt import GPT, gpt_config
 from vvs.models.layers import causal_mask
-from vvs.models.layers import apply_rope, pair_swap, rope_2d_table, rope_factors
+from vvs.models.layers import Rotary, apply_rope, rope_2d_table
 
 TOL = 1e-5
 
@@ -93,7 +93,8 @@ def test_rope_condition_rows_are_zero_and_pairs_interleaved():
     table = rope_2d_table(grid, hd, 10000.0, c)
     assert table.shape == (c + grid * grid, hd // 2, 2)
     x = torch.randn(1, c + grid * grid, 2, hd)
-    rotated = apply_rope(x, *rope_factors(table[None]), pair_swap(hd))
+    rotary = Rotary(table, interleaved=True)
+    rotated = apply_rope(x, *rotary(torch.arange(c + grid * grid)[None]))
     # the official pairwise form, element for element
     xs = x.reshape(*x.shape[:-1], -1, 2)
     cos, sin = table[None, :, None, :, 0], table[None, :, None, :, 1]
@@ -111,7 +112,7 @@ def test_rope_condition_rows_are_zero_and_pairs_interleaved():
     pos = c + 1 * grid + 2
     v = torch.zeros(1, 1, 1, hd)
     v[..., 2] = 1.0  # the first element of pair m = 1
-    out = apply_rope(v, *rope_factors(table[pos : pos + 1][None]), pair_swap(hd))
+    out = apply_rope(v, *rotary(torch.tensor([[pos]])))
     cos, sin = table[pos, 1]
     assert out[0, 0, 0, 2].item() == pytest.approx(cos.item())
     assert out[0, 0, 0, 3].item() == pytest.approx(sin.item())
@@ -137,7 +138,8 @@ def test_drafter_incremental_equals_full_and_shares_target_rope():
     target = tiny("c2i").config
     torch.manual_seed(5)
     drafter = Drafter(DrafterConfig.for_target(target), target).eval()
-    torch.testing.assert_close(drafter.rope, rope_2d_table(target.grid_size, target.head_dim, target.rope_base, 1))
+    torch.testing.assert_close(drafter.rotary.rope_cos, target.rotary().rope_cos, atol=0, rtol=0)
+    torch.testing.assert_close(drafter.rotary.rope_sin, target.rotary().rope_sin, atol=0, rtol=0)
     feats = torch.randn(2, 6, target.dim)
     ids = torch.randint(0, target.vocab_size, (2, 6))
     pos = torch.arange(1, 7).expand(2, -1)

@@ -1,4 +1,4 @@
-"""Building blocks shared by the LlamaGen target and the EAGLE-style drafter.
+"""Building blocks shared by the targets and the EAGLE-style drafter.
 
 Key/value caches are never module state: attention takes the past keys/values of one layer as a tensor
 ``[2, B, H, P, hd]`` and returns the keys/values of the new tokens ``[2, B, H, T, hd]``. Whoever owns the cache
@@ -43,16 +43,17 @@ def rope_2d_table(grid_size: int, head_dim: int, base: float, cls_token_num: int
     return torch.cat([torch.zeros(cls_token_num, half, 2), table])
 
 
-def rope_factors(rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-element ``(cos, sin)`` ``[B, T, 1, hd]`` from table rows ``rope [B, T, hd/2, 2]`` (each angle twice,
-    once per element of its pair). Computed once per forward, shared by every layer."""
-    cos = rope[..., 0].repeat_interleave(2, dim=-1).unsqueeze(2)
-    sin = rope[..., 1].repeat_interleave(2, dim=-1).unsqueeze(2)
-    return cos, sin
+def rope_1d_table(length: int, head_dim: int, base: float) -> torch.Tensor:
+    """cos/sin table ``[length, head_dim // 2, 2]`` of Llama's 1-D RoPE: position ``p`` turns pair ``m`` by
+    ``p / base ** (2m / head_dim)`` (the product taken in float32, as transformers' Llama takes it)."""
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), freqs)
+    return torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
 
 
 def pair_swap(head_dim: int) -> torch.Tensor:
-    """``[hd, hd]`` with ``(x @ P)[2m] = -x[2m+1]`` and ``(x @ P)[2m+1] = x[2m]``."""
+    """``[hd, hd]`` with ``(x @ P)[2m] = -x[2m+1]`` and ``(x @ P)[2m+1] = x[2m]``: the partner of each element when
+    RoPE turns interleaved pairs ``(x[2m], x[2m+1])`` (LlamaGen, Meta's Llama)."""
     p = torch.zeros(head_dim, head_dim)
     m = torch.arange(0, head_dim, 2)
     p[m + 1, m] = -1.0
@@ -60,10 +61,45 @@ def pair_swap(head_dim: int) -> torch.Tensor:
     return p
 
 
+def half_swap(head_dim: int) -> torch.Tensor:
+    """``[hd, hd]`` with ``x @ P = (-x[h:], x[:h])``, ``h = hd / 2``: the partner of each element when RoPE turns
+    pairs ``(x[m], x[m + h])`` (transformers' ``rotate_half``: Hugging Face Llama checkpoints)."""
+    h = head_dim // 2
+    p = torch.zeros(head_dim, head_dim)
+    m = torch.arange(h)
+    p[m + h, m] = -1.0
+    p[m, m + h] = 1.0
+    return p
+
+
+class Rotary(nn.Module):
+    """A model's RoPE: per-element cos/sin rows by position, and the swap matrix that pairs the elements.
+
+    ``table [P, hd/2, 2]`` holds each pair's angle; ``interleaved`` says whether pair ``m`` is elements
+    ``(2m, 2m+1)`` or ``(m, m + hd/2)``. The rows are expanded to per-element form once, here, so a forward only
+    gathers them. Buffers, not parameters: constants that checkpoints do not carry, kept in float32 by
+    :func:`cast_floating`."""
+
+    def __init__(self, table: torch.Tensor, interleaved: bool):
+        super().__init__()
+        cos, sin = table.unbind(-1)
+        expand = (lambda t: t.repeat_interleave(2, dim=-1)) if interleaved else (lambda t: torch.cat([t, t], -1))
+        head_dim = 2 * table.shape[1]
+        self.register_buffer("rope_cos", expand(cos), persistent=False)
+        self.register_buffer("rope_sin", expand(sin), persistent=False)
+        self.register_buffer("rope_swap", pair_swap(head_dim) if interleaved else half_swap(head_dim),
+                             persistent=False)
+
+    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(cos, sin, swap)`` for :func:`apply_rope`: cos/sin ``[B, T, 1, hd]`` at ``position_ids [B, T]``.
+        Computed once per forward, shared by every layer."""
+        return self.rope_cos[position_ids].unsqueeze(2), self.rope_sin[position_ids].unsqueeze(2), self.rope_swap
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, swap: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs ``(x[2m], x[2m+1])`` of ``x [B, T, H, hd]`` in fp32:
-    ``(x0·c - x1·s, x1·c + x0·s)``, written as ``x·cos + (x @ swap)·sin`` — the same floating-point operations
-    as the pairwise form (the swap matmul only moves and negates), in a handful of graph nodes."""
+    """Rotate the pairs of ``x [B, T, H, hd]`` in fp32: ``(x0·c - x1·s, x1·c + x0·s)``, written as
+    ``x·cos + (x @ swap)·sin`` — the same floating-point operations as the pairwise form (the swap matmul only
+    moves and negates), in a handful of graph nodes; ``swap`` says which elements pair (:class:`Rotary`)."""
     xf = x.float()
     return (xf * cos + (xf @ swap) * sin).type_as(x)
 
@@ -112,7 +148,8 @@ def ffn_hidden_size(dim: int, multiple_of: int, ffn_dim_multiplier: float | None
 
 def cast_floating(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Cast a model's weights to ``dtype`` but keep RoPE tables (angles, not activations) in float32."""
-    ropes = {name: buf for name, buf in module.named_buffers() if name.rsplit(".", 1)[-1] in ("rope", "rope_swap")}
+    ropes = {name: buf for name, buf in module.named_buffers()
+             if name.rsplit(".", 1)[-1] in ("rope_cos", "rope_sin", "rope_swap")}
     module.to(dtype)
     for name, buf in ropes.items():
         owner, _, leaf = name.rpartition(".")

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from vvs.families.llamagen.gpt import GPTConfig
-from vvs.models.layers import RMSNorm, apply_rope, attend, pair_swap, rope_2d_table, rope_factors
+from vvs.models.layers import RMSNorm, apply_rope, attend
 
 
 @dataclass(frozen=True)
@@ -152,9 +152,7 @@ class Drafter(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)  # a frozen copy of the target's table
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
         self.layers = nn.ModuleList(DrafterLayer(config, i) for i in range(config.num_hidden_layers))
-        rope = rope_2d_table(target.grid_size, target.head_dim, target.rope_base, target.cls_token_num)
-        self.register_buffer("rope", rope, persistent=False)
-        self.register_buffer("rope_swap", pair_swap(target.head_dim), persistent=False)
+        self.rotary = target.rotary()
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)
@@ -166,7 +164,7 @@ class Drafter(nn.Module):
         ``[B, T]`` (target positions of the tokens), mask bool ``[B or 1, 1, T, P + T]``,
         past_kv ``[num_hidden_layers, 2, B, H, P, hd]``, a tuple of such chunks (see :func:`attend`), or None."""
         x = self.fc(torch.cat([self.embed_tokens(tokens).to(features.dtype), features], dim=-1))
-        rope = (*rope_factors(self.rope[position_ids]), self.rope_swap)
+        rope = self.rotary(position_ids)
         new_kv = []
         for i, layer in enumerate(self.layers):
             past = past_kv if past_kv is None else (

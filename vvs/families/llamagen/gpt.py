@@ -13,8 +13,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from vvs.models.layers import (RMSNorm, apply_rope, attend, causal_mask, ffn_hidden_size, pair_swap, rope_2d_table,
-                               rope_factors)
+from vvs.models.layers import RMSNorm, Rotary, apply_rope, attend, causal_mask, ffn_hidden_size, rope_2d_table
 
 
 @dataclass(frozen=True)
@@ -70,6 +69,11 @@ class GPTConfig:
     @property
     def null_class(self) -> int:
         return self.num_classes
+
+    def rotary(self) -> Rotary:
+        """LlamaGen's 2-D RoPE over the condition slots and the image grid: the target's, and its drafter's."""
+        return Rotary(rope_2d_table(self.grid_size, self.head_dim, self.rope_base, self.cls_token_num),
+                      interleaved=True)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -204,9 +208,7 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
-        rope = rope_2d_table(config.grid_size, config.head_dim, config.rope_base, config.cls_token_num)
-        self.register_buffer("rope", rope, persistent=False)  # a constant, not part of checkpoints
-        self.register_buffer("rope_swap", pair_swap(config.head_dim), persistent=False)
+        self.rotary = config.rotary()
         # LlamaGen zero-initialises `output` for training; a random head keeps untrained models testable.
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -249,7 +251,7 @@ class GPT(nn.Module):
         return self.forward_embeddings(self.tok_dropout(x), positions, mask)
 
     def forward_embeddings(self, x, position_ids, mask, past_kv=None) -> GPTOutput:
-        rope = (*rope_factors(self.rope[position_ids]), self.rope_swap)
+        rope = self.rotary(position_ids)
         new_kv = []
         for i, layer in enumerate(self.layers):
             x, kv = layer(x, rope, mask, None if past_kv is None else past_kv[i])
