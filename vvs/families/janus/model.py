@@ -1,0 +1,243 @@
+"""Janus-Pro's image-generation path with explicit positions, masks and key/value caches.
+
+Janus-Pro (deepseek-ai) generates an image with its language model: a prompt of text tokens, then 576 image
+codes, each fed back through ``gen_embed`` (a small code embedding) and ``gen_aligner`` (an MLP up to the
+model width), each scored by ``gen_head`` (an MLP down to the 16,384 codes of its VQ-16 tokenizer). The text
+``lm_head`` and the understanding tower (SigLIP ``vision_model`` and its ``aligner``) play no part in generation
+and are not built. Module and parameter names follow deepseek-ai/Janus ``janus/models/modeling_vlm.py`` (the
+language model is a Hugging Face ``LlamaForCausalLM``), so the official weights load with ``strict=True``.
+
+Read top to bottom: config and named sizes, the Llama blocks, the model.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from vvs.families.llamagen.gpt import GPTOutput
+from vvs.models.layers import RMSNorm, Rotary, apply_rope, attend, causal_mask, rope_1d_table
+
+
+@dataclass(frozen=True)
+class JanusConfig:
+    dim: int  # the language model's hidden_size
+    n_layer: int
+    n_head: int
+    ffn_hidden: int  # intermediate_size
+    text_vocab_size: int = 102400
+    vocab_size: int = 16384  # image codes: gen_embed's and gen_head's rows, the VQ codebook
+    code_dim: int = 8  # gen_embed's width (the VQ codebook's)
+    head_hidden: int | None = None  # gen_head's inner width (image_token_embed); None: dim
+    norm_eps: float = 1e-6
+    rope_base: float = 10000.0
+    grid_size: int = 24  # 24 x 24 codes: 384 px through the 16x VQ-16 decoder
+    cls_token_num: int = 64  # prompt slots; shorter prompts are left-padded, longer ones refused
+    bos_id: int = 100000  # <｜begin▁of▁sentence｜>
+    pad_id: int = 100015  # <｜▁pad▁｜>: fills the guidance null's prompt, and padded slots
+    boi_id: int = 100016  # <begin_of_image>: the prompt's last token
+    sampled_codes: int | None = None  # as GPTConfig: ids from here up are never sampled; None: none
+
+    def __post_init__(self):
+        if self.dim % self.n_head or (self.dim // self.n_head) % 2:
+            raise ValueError(f"dim {self.dim} must split into {self.n_head} heads of even size")
+        if self.sampled_codes is not None and not 0 < self.sampled_codes <= self.vocab_size:
+            raise ValueError(f"sampled_codes {self.sampled_codes} must lie in [1, vocab_size {self.vocab_size}]")
+        for name in ("bos_id", "pad_id", "boi_id"):
+            if not 0 <= getattr(self, name) < self.text_vocab_size:
+                raise ValueError(f"{name} {getattr(self, name)} lies outside the text vocabulary "
+                                 f"(0-{self.text_vocab_size - 1})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def head_width(self) -> int:
+        return self.dim if self.head_hidden is None else self.head_hidden
+
+    @property
+    def sampled_ids(self) -> range:
+        return range(self.vocab_size if self.sampled_codes is None else self.sampled_codes)
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.grid_size**2
+
+    @property
+    def max_positions(self) -> int:
+        return self.cls_token_num + self.num_image_tokens
+
+    def rotary(self) -> Rotary:
+        """Llama's 1-D RoPE over prompt slots and image codes alike, pairs split in halves (Hugging Face layout):
+        the target's, and its drafter's."""
+        return Rotary(rope_1d_table(self.max_positions, self.head_dim, self.rope_base), interleaved=False)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# The official sizes (the hub configs' language_config; LlamaConfig defaults fill what they leave out).
+JANUS_SIZES: dict[str, dict] = {
+    "Janus-Pro-1B": dict(dim=2048, n_layer=24, n_head=16, ffn_hidden=5632),
+    "Janus-Pro-7B": dict(dim=4096, n_layer=30, n_head=32, ffn_hidden=11008),
+    # unit tests
+    "Janus-tiny": dict(dim=64, n_layer=2, n_head=4, ffn_hidden=96, text_vocab_size=300, vocab_size=256,
+                       grid_size=4, cls_token_num=12, bos_id=1, pad_id=2, boi_id=3),
+}
+
+
+def janus_config(name: str, **overrides) -> JanusConfig:
+    if name not in JANUS_SIZES:
+        raise KeyError(f"unknown Janus size {name!r}; choose one of {', '.join(JANUS_SIZES)}")
+    return JanusConfig(**{**JANUS_SIZES[name], **overrides})
+
+
+# --------------------------------------------------------------------------- the language model (Llama)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        d, self.n_head, self.head_dim = config.dim, config.n_head, config.head_dim
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x, rope, mask, past_kv):
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, self.n_head, self.head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
+        out, new_kv = attend(apply_rope(q, *rope), apply_rope(k, *rope), v, past_kv, mask)
+        return self.o_proj(out), new_kv
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(config.ffn_hidden, config.dim, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        self.self_attn = LlamaAttention(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
+
+    def forward(self, x, rope, mask, past_kv):
+        attn, new_kv = self.self_attn(self.input_layernorm(x), rope, mask, past_kv)
+        h = x + attn
+        return h + self.mlp(self.post_attention_layernorm(h)), new_kv
+
+
+class LlamaBody(nn.Module):
+    """``LlamaModel``'s weights: text embeddings, layers, final norm."""
+
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.text_vocab_size, config.dim)
+        self.layers = nn.ModuleList(LlamaLayer(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+
+
+class LanguageModel(nn.Module):
+    """``LlamaForCausalLM`` without its text ``lm_head``, which image generation never reads."""
+
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        self.model = LlamaBody(config)
+
+
+# --------------------------------------------------------------------------- the generation modules
+
+
+class GenAligner(nn.Module):
+    """``MlpProjector`` of type ``mlp_gelu``, depth 2: code embedding -> model width."""
+
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(config.code_dim, config.dim), nn.GELU(),
+                                    nn.Linear(config.dim, config.dim))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+class GenHead(nn.Module):
+    """``vision_head``: model width -> ``head_width`` -> GELU -> code logits. Not linear, so guidance mixes its
+    logits, never the hidden states before it."""
+
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        self.output_mlp_projector = nn.Linear(config.dim, config.head_width)
+        self.vision_activation = nn.GELU()
+        self.vision_head = nn.Linear(config.head_width, config.vocab_size)
+
+    def forward(self, x):
+        return self.vision_head(self.vision_activation(self.output_mlp_projector(x)))
+
+
+class JanusGen(nn.Module):
+    """The target: prompt ids or image codes in, image-code logits, final hidden states and new keys/values out —
+    the interface of the LlamaGen GPT, so the shared graphs and loop run it unchanged."""
+
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        self.config = config
+        self.language_model = LanguageModel(config)
+        self.gen_embed = nn.Embedding(config.vocab_size, config.code_dim)
+        self.gen_aligner = GenAligner(config)
+        self.gen_head = GenHead(config)
+        self.rotary = config.rotary()
+        for m in self.modules():  # a random model stays testable (official weights replace all of this)
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    @property
+    def head(self) -> nn.Module:
+        return self.gen_head
+
+    def image_embeddings(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.gen_aligner(self.gen_embed(codes))
+
+    def embedding_table(self) -> torch.Tensor:
+        """``[vocab_size, dim]``: every code's input embedding, which an EAGLE drafter copies as its own table."""
+        return self.image_embeddings(torch.arange(self.config.vocab_size, device=self.gen_embed.weight.device))
+
+    def forward(self, *, tokens: torch.Tensor | None = None, condition: torch.Tensor | None = None,
+                position_ids: torch.Tensor, mask: torch.Tensor, past_kv: torch.Tensor | None = None) -> GPTOutput:
+        """Run new positions: image ``tokens [B, T]`` (codes) or a ``condition`` (prompt ids ``[B, C]``).
+
+        position_ids ``[B, T]`` index the RoPE table (prompt slots ``0..C-1``, image code i at ``C + i``); mask is
+        bool ``[B or 1, 1, T, P + T]`` over ``past ‖ new``; past_kv ``[n_layer, 2, B, H, P, hd]`` or None."""
+        if (tokens is None) == (condition is None):
+            raise ValueError("pass exactly one of tokens= or condition=")
+        x = self.image_embeddings(tokens) if tokens is not None else self.language_model.model.embed_tokens(condition)
+        return self.forward_embeddings(x, position_ids, mask, past_kv)
+
+    def teacher_forced(self, condition: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> GPTOutput:
+        """One causal forward over ``[prompt ‖ codes]``: output position ``C - 1 + i`` predicts code ``i``."""
+        x = torch.cat([self.language_model.model.embed_tokens(condition), self.image_embeddings(tokens)], dim=1)
+        b, length = x.shape[:2]
+        positions = torch.arange(length, device=x.device).expand(b, -1)
+        return self.forward_embeddings(x, positions, causal_mask(length, x.device) if mask is None else mask)
+
+    def forward_embeddings(self, x, position_ids, mask, past_kv=None) -> GPTOutput:
+        body = self.language_model.model
+        rope = self.rotary(position_ids)
+        new_kv = []
+        for i, layer in enumerate(body.layers):
+            x, kv = layer(x, rope, mask, None if past_kv is None else past_kv[i])
+            new_kv.append(kv)
+        hidden = body.norm(x)
+        return GPTOutput(self.gen_head(hidden).float(), hidden, torch.stack(new_kv))

@@ -1,0 +1,70 @@
+"""Prompts to the ids Janus-Pro generates from, as deepseek-ai/Janus ``generation_inference.py`` builds them.
+
+A prompt becomes the "deepseek" conversation with an empty system prompt, a user turn and an open assistant turn,
+followed by the image-start tag: ``<|User|>: {prompt}\\n\\n<|Assistant|>:<begin_of_image>``, tokenized with a
+leading BOS (the official tokenizer's ``encode``). Guidance's null is the same sequence with every id except the
+first (BOS) and the last (``<begin_of_image>``) replaced by the pad token, all of it attended, as the official
+script builds it. vvs runs prompts of different lengths in one batch by left-padding them to the target's
+``cls_token_num`` slots; padded slots are masked out of attention and positions count from the first slot,
+which is what transformers' ``generate`` does with a left-padded batch.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from vvs.families.janus.model import JanusConfig
+from vvs.runtime.options import OptionsError
+from vvs.text.encoder import check_prompts
+
+USER, ASSISTANT = "<|User|>", "<|Assistant|>"
+IMAGE_START = "<begin_of_image>"
+
+
+def conversation(prompt: str) -> str:
+    """The text the official script tokenizes for ``prompt`` (its BOS comes from the tokenizer, not from here)."""
+    return f"{USER}: {prompt}\n\n{ASSISTANT}:{IMAGE_START}"
+
+
+class PromptIds:
+    """A folder's prompt builder: the model's own ``tokenizer.json`` and its special ids."""
+
+    def __init__(self, tokenizer: Tokenizer, config: JanusConfig):
+        self.tokenizer, self.config = tokenizer, config
+
+    @classmethod
+    def from_file(cls, path: Path | str, config: JanusConfig) -> "PromptIds":
+        return cls(Tokenizer.from_file(str(path)), config)
+
+    def ids(self, prompt: str) -> list[int]:
+        return [self.config.bos_id] + self.tokenizer.encode(conversation(prompt), add_special_tokens=False).ids
+
+    def encode(self, prompts) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded ids ``[n, C]`` (pad id in the padded slots) and their bool mask ``[n, C]``."""
+        prompts = check_prompts(prompts)
+        c, pad = self.config.cls_token_num, self.config.pad_id
+        rows = [self.ids(p) for p in prompts]
+        too_long = next(((p, r) for p, r in zip(prompts, rows) if len(r) > c), None)
+        if too_long is not None:
+            prompt, row = too_long
+            raise OptionsError(f"prompt {prompt[:40]!r}{'...' if len(prompt) > 40 else ''} is {len(row)} tokens with "
+                               f"the chat template; this folder takes at most {c}: shorten it, or re-export with "
+                               f"--prompt-tokens {len(row)} or more")
+        ids = torch.full((len(rows), c), pad, dtype=torch.long)
+        mask = torch.zeros(len(rows), c, dtype=torch.bool)
+        for i, row in enumerate(rows):
+            ids[i, c - len(row):] = torch.tensor(row)
+            mask[i, c - len(row):] = True
+        return ids, mask
+
+
+def null_ids(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Guidance's null of left-padded prompt ids ``[n, C]``: the first real id (BOS) and the last (the image-start
+    tag) kept, every other slot the pad id."""
+    first = (ids != pad_id).long().argmax(1)
+    keep = torch.zeros_like(ids, dtype=torch.bool)
+    keep[torch.arange(ids.shape[0], device=ids.device), first] = True
+    keep[:, -1] = True
+    return torch.where(keep, ids, torch.full_like(ids, pad_id))
