@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from tokenizers import AddedToken
 
-from vvs.families.janus.loading import SPECIAL_TOKENS
+from vvs.families.janus_pro.loading import SPECIAL_TOKENS
 from vvs.models.vq import VQModel, vq_config
 
 TEXT_VOCAB, DIM, LAYERS, HEADS, FFN, CODES, GRID = 300, 64, 2, 4, 96, 16384, 4

@@ -72,14 +72,14 @@ def test_no_code_outside_the_families_names_a_family():
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#")[0]
-            if FAMILY_BRANCH.search(code) or re.search(r"""["'](llamagen|mar)["']""", code):
+            if FAMILY_BRANCH.search(code) or re.search(rf"""["']({'|'.join(FAMILIES)})["']""", code):
                 offenders.append(f"{path.relative_to(VVS.parent)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
 
 
 def test_every_family_is_one_package_and_its_entry_points_resolve():
     for name, family in FAMILIES.items():
-        assert (VVS / "families" / name / "family.py").is_file()
+        assert (VVS / "families" / name.replace("-", "_") / "family.py").is_file()
         for field in ENTRY_POINTS:
             if getattr(family, field) is not None:
                 assert getattr(family, field).startswith(("vvs.families.", "vvs.runtime.", "vvs.tune")), field
@@ -108,14 +108,16 @@ def test_a_manifest_missing_its_familys_part_is_one_error(tiny_folder):
     with pytest.raises(EngineFolderError, match=r"model: 'vq' is a required property"):
         check_manifest(manifest, tiny_folder / "manifest.json")
     manifest["model"]["family"] = "gpt-9"
-    with pytest.raises(EngineFolderError, match=r"model.family: 'gpt-9' is not one of \['llamagen', 'mar'\]"):
+    with pytest.raises(EngineFolderError, match=r"model.family: 'gpt-9' is not one of \['llamagen', 'mar', 'janus-pro'\]"):
         check_manifest(manifest, tiny_folder / "manifest.json")
 
 
 @pytest.mark.parametrize("model, args, message", [
     ("mar", ["--t2i"], "option --t2i: applies to --model llamagen only"),
-    ("mar", ["--precision", "fp16"], "option --precision: applies to --model llamagen only"),
-    ("mar", ["--max-draft-top-k", "4"], "option --max-draft-top-k: applies to --model llamagen only"),
+    ("mar", ["--precision", "fp16"], "option --precision: applies to --model llamagen or janus-pro only"),
+    ("mar", ["--max-draft-top-k", "4"], "option --max-draft-top-k: applies to --model llamagen or janus-pro only"),
+    ("llamagen", ["--prompt-tokens", "32"], "option --prompt-tokens: applies to --model janus-pro only"),
+    ("janus-pro", ["--t2i"], "option --t2i: applies to --model llamagen only"),
     ("llamagen", ["--vae", "kl16.ckpt"], "option --vae: applies to --model mar only"),
     ("llamagen", ["--draft-config", "mar_base"], "option --draft-config: applies to --model mar only"),
     ("mar", ["--backend", "tensorrt"], "option --backend tensorrt: MAR folders build for tensorrt-rtx only"),
@@ -130,18 +132,22 @@ def test_another_familys_export_option_is_a_one_line_error(tmp_path, capsys, mon
 
 
 def test_export_help_groups_each_familys_options(capsys, monkeypatch):
+    """Each option sits under the heading of the families that take it (LlamaGen and Janus-Pro share some)."""
+    from vvs.cli.common import family_heading
     from vvs.cli.export import main
 
     code, out, _ = run_cli(main, ["--help"], capsys, monkeypatch)
     assert code == 0
     sections = re.split(r"\n(?=\S[^\n]*:\n)", out)
     by_heading = {s.splitlines()[0]: s for s in sections}
+    owners: dict[str, list[str]] = {}
     for family in FAMILIES.values():
-        section = by_heading[f"{family.label} options (--model {family.name}):"]
         for option in family.export_options:
-            assert option.opts[0] in section
-        others = [o.opts[0] for f in FAMILIES.values() if f is not family for o in f.export_options]
-        assert not any(re.search(rf"^\s+{re.escape(flag)}\b", section, re.M) for flag in others)
+            owners.setdefault(option.opts[0], []).append(family.name)
+    assert "LlamaGen options:" in by_heading and "MAR options:" in by_heading and "Janus-Pro options:" in by_heading
+    for flag, names in owners.items():
+        homes = [h for h, s in by_heading.items() if re.search(rf"^\s+{re.escape(flag)}\b", s, re.M)]
+        assert homes == [family_heading(names) + ":"], (flag, homes)
 
 
 def test_run_help_groups_single_family_decoding_flags(capsys, monkeypatch):
@@ -149,12 +155,12 @@ def test_run_help_groups_single_family_decoding_flags(capsys, monkeypatch):
 
     code, out, _ = run_cli(main, ["--help"], capsys, monkeypatch)
     assert code == 0
-    llamagen = out.split("LlamaGen options:")[1].split("MAR options:")[0]
+    llamagen = out.split("LlamaGen and Janus-Pro options:")[1].split("MAR options:")[0]  # one decoding machinery
     mar = out.split("MAR options:")[1]
     assert "--tree-size" in llamagen and "--num-iter" not in llamagen
     assert "--accept-rule" in mar and "--tree-size" not in mar
-    shared = out.split("LlamaGen options:")[0]
-    assert "--cfg" in shared and "--temperature" in shared  # both families take them
+    shared = out.split("LlamaGen and Janus-Pro options:")[0]
+    assert "--cfg" in shared and "--temperature" in shared  # every family takes them
 
 
 def test_a_family_command_is_a_click_command():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tests.janus_reference import BOI, BOS, GRID, PAD, hf_janus, write_official_folder
-from vvs.families.janus.loading import load_official
-from vvs.families.janus.prompts import PromptIds, conversation, null_ids
+from vvs.families.janus_pro.loading import load_official
+from vvs.families.janus_pro.prompts import PromptIds, conversation, null_ids
 from vvs.models.layers import causal_mask
 from vvs.models.loading import CheckpointError
 
@@ -23,7 +23,7 @@ def reference():
 def official(reference, tmp_path_factory):
     """The reference's weights as an official folder, and what vvs loads from it (prompts of up to 12 tokens)."""
     folder = write_official_folder(reference, tmp_path_factory.mktemp("janus") / "Janus-Pro-tiny")
-    target, vq = load_official(folder, prompt_slots=12)
+    target, vq = load_official(folder, prompt_slots=12, grid_size=GRID)
     return folder, target, vq
 
 
@@ -115,3 +115,59 @@ def test_prompt_is_the_official_conversation_and_the_null_keeps_bos_and_image_st
         assert (null[row, first + 1: -1] == PAD).all() and (null[row, :first] == PAD).all()
     with pytest.raises(Exception, match="at most 12"):
         builder.encode(["a photo of a small red cat on the big hill at night on a sunny day"])
+
+
+@pytest.fixture(scope="module")
+def bundle(official):
+    """The official folder's target and VQ with a random drafter of the target's width (an untrained drafter:
+    speculative modes accept little, exact ones must still give the target's tokens)."""
+    from vvs.families.janus_pro.bundle import load_bundle
+    from vvs.families.llamagen.drafter import Drafter, DrafterConfig
+    from vvs.models.loading import save_model
+
+    folder, target, _ = official
+    torch.manual_seed(3)
+    drafter = Drafter(DrafterConfig.for_target(target.config), target.config)
+    drafter.embed_tokens.weight.data.copy_(target.embedding_table().detach())
+    path = save_model(drafter, folder.parent / "drafter.safetensors", "drafter")
+    return load_bundle(str(folder), str(path), prompt_tokens=16, grid_size=GRID)
+
+
+GREEDY = dict(temperature=0.0, top_k=0, top_p=1.0, cfg_scale=5.0, tree_size=6, depth=2, draft_top_k=2)
+PROMPTS = ["a red cat on the hill", "a big dog", "a photo of a small green tree at night"]
+
+
+@torch.no_grad()
+def test_greedy_tokens_equal_transformers_generate(reference, bundle):
+    """vvs's ar mode through the shared loop (left-padded batch of three prompt lengths, guidance 5) against
+    transformers' image generation, one prompt at a time (unpadded), token for token."""
+    from vvs.families.llamagen.engines import torch_engines
+    from vvs.runtime.options import DecodeOptions
+    from vvs.runtime.pipeline import Pipeline
+
+    pipe = Pipeline(torch_engines(bundle), DecodeOptions(mode="ar", **GREEDY))
+    ours = pipe.generate(PROMPTS, decode_images=False).tokens
+    builder = pipe.engines.conditioning.prompts
+    for prompt, row in zip(PROMPTS, ours):
+        ids = torch.tensor([builder.ids(prompt)])
+        expected = reference.generate(ids, attention_mask=torch.ones_like(ids), generation_mode="image",
+                                      do_sample=False, guidance_scale=5.0)
+        assert row.tolist() == expected[0].tolist(), prompt
+    assert len(set(map(tuple, ours.tolist()))) == len(PROMPTS)  # the prompts matter
+
+
+@torch.no_grad()
+def test_speculative_modes_run_a_janus_target(bundle):
+    """Greedy sd (exact) gives ar's tokens; vvs and the drafter-free sjd-pac decode to the end."""
+    from vvs.families.llamagen.engines import torch_engines
+    from vvs.runtime.options import DecodeOptions
+    from vvs.runtime.pipeline import Pipeline
+
+    pipe = Pipeline(torch_engines(bundle), DecodeOptions(mode="ar", **GREEDY))
+    ar = pipe.generate(PROMPTS, decode_images=False)
+    sd = pipe.generate(PROMPTS, mode="sd", decode_images=False)
+    assert torch.equal(sd.tokens, ar.tokens)
+    assert sd.aggregate()["target_forwards"] <= ar.aggregate()["target_forwards"]
+    for mode in ("vvs", "sjd-pac"):
+        out = pipe.generate(PROMPTS, mode=mode, decode_images=False, temperature=1.0, seed=4)
+        assert out.tokens.shape == (3, GRID * GRID) and int(out.tokens.max()) < bundle.target.config.vocab_size

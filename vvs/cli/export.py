@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from vvs.cli.common import FamilyCommand, run_command
+from vvs.cli.common import FamilyCommand, family_heading, run_command
 from vvs.errors import VVSError
 from vvs.families.registry import DEFAULT, FAMILIES, family
 
@@ -17,8 +17,9 @@ COMMON = [
     click.Option(["--config"], default=None,
                  help="Named size of --checkpoint: GPT-B, GPT-L, GPT-XL, ... (llamagen) or mar_base, mar_large, "
                       "mar_huge (mar). Not needed for vvs files."),
-    click.Option(["--checkpoint"], type=click.Path(dir_okay=False), default=None,
-                 help="Target weights (an official checkpoint or a vvs .safetensors). Default: the shipped model."),
+    click.Option(["--checkpoint"], type=click.Path(), default=None,
+                 help="Target weights: an official checkpoint file or a vvs .safetensors (llamagen, mar); the "
+                      "official Hugging Face folder (janus-pro). Default: the shipped model."),
     click.Option(["--drafter"], type=click.Path(), default=None,
                  help="Drafter: a LANTERN/EAGLE folder or a vvs .safetensors (llamagen); the draft MAR's weights "
                       "(mar). Default: the shipped one."),
@@ -38,7 +39,13 @@ COMMON = [
     click.Option(["--max-images"], type=click.IntRange(1, 64), default=8, show_default=True,
                  help="TensorRT: the most images one engine call decodes (the profiles' batch range)."),
 ]
-OWNER = {option.name: f for f in FAMILIES.values() for option in f.export_options}  # option -> its family
+# an option -> the families that take it (families built on one machinery share option objects); each option once
+OWNERS: dict[str, list] = {}
+OPTIONS: dict[str, click.Option] = {}
+for _family in FAMILIES.values():
+    for _option in _family.export_options:
+        OWNERS.setdefault(_option.name, []).append(_family)
+        OPTIONS.setdefault(_option.name, _option)
 
 
 def export(model, out, force, backend, compute_capability, max_images, **options):
@@ -51,11 +58,11 @@ def export(model, out, force, backend, compute_capability, max_images, **options
         raise VVSError("option --compute-capability: needs --backend tensorrt-rtx")
     ctx = click.get_current_context()
     for name, value in options.items():  # another family's option, set: an error, not silently ignored
-        owner = OWNER.get(name)
+        owners = OWNERS.get(name)
         param = next((p for p in ctx.command.params if p.name == name), None)
-        if owner is not None and owner is not chosen and value != param.get_default(ctx):
-            flag = next(o.opts[0] for o in owner.export_options if o.name == name)
-            raise VVSError(f"option {flag}: applies to --model {owner.name} only")
+        if owners is not None and chosen not in owners and value != param.get_default(ctx):
+            raise VVSError(f"option {OPTIONS[name].opts[0]}: applies to --model "
+                           f"{' or '.join(f.name for f in owners)} only")
     if backend != "onnxruntime" and backend not in chosen.build_backends:
         raise VVSError(f"option --backend {backend}: " + chosen.instead.get(
             backend, f"{chosen.label} folders build {', '.join(chosen.build_backends) or 'no plans'}"))
@@ -64,7 +71,7 @@ def export(model, out, force, backend, compute_capability, max_images, **options
 
         capabilities = parse_compute_capabilities(compute_capability)
         check_build_request(backend, capabilities)
-    own = {name: value for name, value in options.items() if OWNER.get(name) in (None, chosen)}
+    own = {name: value for name, value in options.items() if name not in OWNERS or chosen in OWNERS[name]}
     manifest = chosen.call("export", own, Path(out), force, click.echo)
     if backend != "onnxruntime":
         from vvs.engines.tensorrt_build import build_folder
@@ -83,8 +90,8 @@ def export(model, out, force, backend, compute_capability, max_images, **options
 
 export_cmd = FamilyCommand(
     "vvs-export", callback=export,
-    params=COMMON + [option for f in FAMILIES.values() for option in f.export_options],
-    family_options={name: f"{f.label} options (--model {f.name})" for name, f in OWNER.items()},
+    params=COMMON + list(OPTIONS.values()),
+    family_options={name: family_heading([f.name for f in owners]) for name, owners in OWNERS.items()},
     help="Export a model family's target, drafter and image decoder to ONNX and write an engine folder (graphs, "
          "tables, torch weights, manifest.json). With no checkpoint options it exports the model that ships with vvs.")
 

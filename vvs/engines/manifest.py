@@ -68,6 +68,7 @@ MANIFEST_SCHEMA = {
                 "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
                 "bytes": {"type": "integer", "minimum": 0}}}},
         "text": {"type": "object", "required": ["tokenizer"], "properties": {"tokenizer": _NAME}},
+        "prompts": {"type": "object", "required": ["tokenizer"], "properties": {"tokenizer": _NAME}},
         "tensorrt": _PLANS,
         "tensorrt-rtx": _PLANS,
     },
@@ -136,8 +137,9 @@ def referenced_files(manifest: dict) -> list[str]:
     names = [g["file"] for g in manifest["graphs"].values()]
     if "tables" in manifest:
         names.append(manifest["tables"]["file"])
-    if "text" in manifest:
-        names.append(manifest["text"]["tokenizer"])
+    for key in ("text", "prompts"):
+        if key in manifest:
+            names.append(manifest[key]["tokenizer"])
     for key in ("tensorrt", "tensorrt-rtx"):
         names += [e["file"] for e in manifest.get(key, {}).get("engines", {}).values()]
     return names

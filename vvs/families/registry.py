@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from vvs.errors import VVSError
 from vvs.families.base import Family
+from vvs.families.janus_pro.family import FAMILY as JANUS_PRO
 from vvs.families.llamagen.family import FAMILY as LLAMAGEN
 from vvs.families.mar.family import FAMILY as MAR
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMAGEN, MAR)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMAGEN, MAR, JANUS_PRO)}
 DEFAULT = LLAMAGEN.name
 
 

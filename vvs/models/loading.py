@@ -89,6 +89,8 @@ def _looks_like_text(path: Path) -> bool:
 def read_checkpoint(path: os.PathLike | str, *, ema: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Read a state dict (and vvs metadata, if any) from a safetensors or official torch file."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(path, "a folder, not a checkpoint file: give the weights file itself")
     if not path.is_file():
         raise CheckpointError(path, "no such file")
     if path.suffix == ".safetensors":

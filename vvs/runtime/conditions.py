@@ -27,8 +27,9 @@ class Conditioning(Protocol):
         """Checked conditions ``[n, ...]`` for ``target_prefill`` and their slot mask (None: every slot valid);
         bad input raises :class:`OptionsError`."""
 
-    def null(self, engines, n: int) -> torch.Tensor:
-        """The guidance null of ``n`` images, in the graphs' dtype on the engines' device."""
+    def null(self, engines, conditions: torch.Tensor) -> torch.Tensor:
+        """The guidance null of the prepared ``conditions [n, ...]`` (one per image; a prompt's null may depend on
+        its prompt), in the graphs' dtype on the engines' device."""
 
 
 def class_of(text: str, names) -> int | None:

@@ -171,7 +171,7 @@ class Decoding:
 
     def prefill(self) -> dict[str, torch.Tensor]:
         self.clock.section("verify")
-        uncond = self.engines.conditioning.null(self.engines, self.n) if self.layout.groups == 2 else None
+        uncond = self.engines.conditioning.null(self.engines, self.conditions) if self.layout.groups == 2 else None
         condition = self.conditions if uncond is None else torch.cat([self.conditions, uncond])
         out = self.engines.graphs["target_prefill"].run(condition=condition, attn_mask=self.prefill_mask(),
                                                         cfg_mix=self.cfg_mix)

@@ -118,7 +118,7 @@ def _drafter_agreement(target: GPT, drafter, data) -> float:
     gen = torch.Generator().manual_seed(0)
     labels, tokens = data["heldout_labels"][:128], data["heldout_tokens"][:128]
     ids, pos, feats, goals = drafter_batch(target, labels, tokens, 0.0, gen)
-    _, m = drafter_loss(drafter, target.output, ids, pos, feats, goals, target.config.cls_token_num - 1, 0.0, gen)
+    _, m = drafter_loss(drafter, target.head, ids, pos, feats, goals, target.config.cls_token_num - 1, 0.0, gen)
     return m["top1_agreement"]
 
 

@@ -19,9 +19,17 @@ SHIPPED = {"target": "target.safetensors", "drafter": "drafter.safetensors", "vq
 
 @dataclass
 class ModelBundle:
-    target: GPT
+    target: GPT  # or another discrete-token family's target (vvs.families.llamagen.arch)
     drafter: Drafter | None  # None: a drafter-free folder (ar and the speculative Jacobi modes)
     vq: VQModel
+    family: str = "llamagen"  # the registry entry whose target architecture ``target`` is
+    tokenizer: Path | None = None  # the target's own text tokenizer.json, where prompts are its input (Janus-Pro)
+
+    @property
+    def arch(self):
+        from vvs.families.registry import family
+
+        return family(self.family).entry("target_arch")
 
     def summary(self) -> str:
         t, d, v = self.target.config, self.drafter and self.drafter.config, self.vq.config
@@ -29,8 +37,11 @@ class ModelBundle:
         drafter = ("drafter none: ar, sjd, sjd-pac and gsd only" if d is None else
                    f"drafter {d.num_hidden_layers} layer(s), dim {d.hidden_size}, {count(self.drafter):.2f}M params "
                    "(+ the target's output head)")
+        from vvs.families.registry import family
+
+        kind = " ".join(filter(None, (family(self.family).label, getattr(t, "model_type", None))))
         return "\n".join([
-            f"target  {t.model_type} GPT: {t.n_layer} layers, dim {t.dim}, {t.n_head} heads, vocab {t.vocab_size}, "
+            f"target  {kind}: {t.n_layer} layers, dim {t.dim}, {t.n_head} heads, vocab {t.vocab_size}, "
             f"{t.cls_token_num} condition slot(s) + {t.grid_size}x{t.grid_size} tokens, {count(self.target):.2f}M params",
             drafter,
             f"vq      codebook {v.codebook_size}x{v.codebook_embed_dim}, downsample {v.downsample}, "

@@ -24,8 +24,8 @@ class ClassConditioning:
                                "class ids or names only")
         return class_ids(conditions, self.num_classes, self.names), None
 
-    def null(self, engines, n: int) -> torch.Tensor:
-        return torch.full((n,), self.null_class, dtype=torch.long, device=engines.device)
+    def null(self, engines, conditions: torch.Tensor) -> torch.Tensor:
+        return torch.full((conditions.shape[0],), self.null_class, dtype=torch.long, device=engines.device)
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,8 @@ class CaptionConditioning:
                                "meaning here")
         return captions(conditions, caption_mask, self.slots, self.width)
 
-    def null(self, engines, n: int) -> torch.Tensor:
-        return self.uncond_embedding.to(engines.device, engines.dtype).expand(n, -1, -1)
+    def null(self, engines, conditions: torch.Tensor) -> torch.Tensor:
+        return self.uncond_embedding.to(engines.device, engines.dtype).expand(conditions.shape[0], -1, -1)
 
 
 def conditioning(target, uncond_embedding: torch.Tensor | None, class_names=()):

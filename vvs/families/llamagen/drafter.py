@@ -135,7 +135,7 @@ class DrafterLayer(nn.Module):
 
 
 class DrafterOutput(NamedTuple):
-    hidden: torch.Tensor  # [B, T, D]; logits = target.output(hidden)
+    hidden: torch.Tensor  # [B, T, D]; logits = target.head(hidden)
     new_kv: torch.Tensor  # [num_hidden_layers, 2, B, H, T, hd]
 
 

@@ -1,5 +1,7 @@
-"""LlamaGen's engine sets: the torch modules of a bundle, or an engine folder on ONNX Runtime, TensorRT or the torch
-backend, each as the :class:`~vvs.engines.base.EngineSet` the shared speculative loop runs on."""
+"""The engine sets of LlamaGen and the other discrete-token families (their target architecture comes from the
+manifest's family, :mod:`vvs.families.llamagen.arch`): the torch modules of a bundle, or an engine folder on ONNX
+Runtime, TensorRT or the torch backend, each as the :class:`~vvs.engines.base.EngineSet` the shared speculative
+loop runs on."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,10 +14,9 @@ from vvs.engines.torch_backend import TorchEngine
 from vvs.export.spec import DTYPE_NAMES
 from vvs.errors import VVSError
 from vvs.families.llamagen.bundle import ModelBundle
-from vvs.families.llamagen.conditions import conditioning
-from vvs.families.llamagen.gpt import GPTConfig
 from vvs.families.llamagen.graphs import DraftTreeGraph, build_graphs, draft_tree_spec, graph_specs
-from vvs.families.llamagen.loading import load_drafter, load_gpt
+from vvs.families.llamagen.loading import load_drafter
+from vvs.families.registry import family_of
 from vvs.models.layers import cast_floating
 from vvs.models.loading import load_vq
 from vvs.runtime.options import DecodeOptions, TreeShape
@@ -51,7 +52,8 @@ def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device)
 
     tables = load_file(Path(folder) / manifest["tables"]["file"])
     act = next(t for t in graphs["target_verify"].spec.inputs if t.name == "past_kv").dtype
-    target = GPTConfig(**manifest["model"]["target"])
+    arch = family_of(manifest).entry("target_arch")
+    target = arch.config(**manifest["model"]["target"])
     engines = EngineSet(
         backend=backend,
         target=target,
@@ -61,7 +63,7 @@ def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device)
         device=device,
         dtype=torch.float16 if act == "float16" else torch.float32,
         max_draft_top_k=manifest["max_draft_top_k"],
-        conditioning=conditioning(target, tables.get("null_condition"), manifest["model"].get("classes", ())),
+        conditioning=arch.conditioning(target, tables, manifest["model"], prompt_tokenizer(folder, manifest)),
         neighbour_table=tables["neighbours"].to(device),
         default_options=manifest["decoding_defaults"],
     )
@@ -69,6 +71,15 @@ def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device)
         engines.trees[TreeShape(*manifest["graphs"]["draft_tree"]["tree"])] = graphs["draft_tree"]
     engines.text = folder_text_encoder(folder, manifest, backend, graphs.get("text_encode"), device)
     return engines
+
+
+def prompt_tokenizer(folder: Path, manifest: dict) -> Path | None:
+    """The folder's copy of the target's own tokenizer, for a family whose target reads prompt ids (Janus-Pro)."""
+    if "prompts" not in manifest:
+        return None
+    path = Path(folder) / manifest["prompts"]["tokenizer"]
+    verify_files(folder, manifest, [manifest["prompts"]["tokenizer"]])
+    return path
 
 
 def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | None = None) -> EngineSet:
@@ -117,7 +128,8 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
         cast_floating(module.to(device), dtype)
     act = DTYPE_NAMES[dtype]
     specs = graph_specs(bundle.target.config, bundle.drafter and bundle.drafter.config, bundle.vq.config, tree, act)
-    uncond = getattr(bundle.target.cls_embedding, "uncond_embedding", None)  # t2i targets only
+    uncond = getattr(getattr(bundle.target, "cls_embedding", None), "uncond_embedding", None)  # LlamaGen t2i only
+    tables = {} if uncond is None else {"null_condition": uncond.detach().clone()}
 
     def tree_loader(shape: TreeShape) -> TorchEngine:  # any shape: the module shares the drafter's weights
         propose = graphs["draft_tree"].propose
@@ -135,7 +147,7 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
         dtype=dtype,
         max_draft_top_k=max_draft_top_k,
         default_options=dict(default_options or {}),
-        conditioning=conditioning(bundle.target.config, None if uncond is None else uncond.detach().clone()),
+        conditioning=bundle.arch.conditioning(bundle.target.config, tables, {}, bundle.tokenizer),
         tree_loader=None if bundle.drafter is None else tree_loader,
     )
     if engines.has_drafter:
@@ -174,14 +186,15 @@ def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_gra
     verify_files(folder, manifest, weights + [manifest["tables"]["file"]] + text_files)
     if threads:
         torch.set_num_threads(threads)
-    target = load_gpt(folder / TORCH_WEIGHTS["target"])
+    target = family_of(manifest).entry("target_arch").load(folder / TORCH_WEIGHTS["target"])
     if manifest["precision"] == "int8":  # rebuild the quantized target from the stored calibration
         from vvs.calib.int8 import quantize_target
 
         verify_files(folder, manifest, [CALIBRATION])
         target = quantize_target(target, load_file(folder / CALIBRATION))
     drafter = load_drafter(folder / TORCH_WEIGHTS["drafter"], target.config) if "drafter" in manifest["model"] else None
-    bundle = ModelBundle(target, drafter, load_vq(folder / TORCH_WEIGHTS["vq"]))
+    bundle = ModelBundle(target, drafter, load_vq(folder / TORCH_WEIGHTS["vq"]), manifest["model"]["family"],
+                         prompt_tokenizer(folder, manifest))
     dtype = torch.float16 if manifest["precision"] in ("fp16", "int8") else torch.float32
     engines = torch_engines(bundle, device, dtype, manifest["max_draft_top_k"], manifest["decoding_defaults"])
     engines.neighbour_table = load_file(folder / manifest["tables"]["file"])["neighbours"].to(engines.device)
@@ -199,4 +212,4 @@ def quality_instruments(folder: Path, manifest: dict, classifier):
     for the NLL column."""
     from vvs.quality import Instruments
 
-    return Instruments(classifier, load_gpt(Path(folder) / TORCH_WEIGHTS["target"]))
+    return Instruments(classifier, family_of(manifest).entry("target_arch").load(Path(folder) / TORCH_WEIGHTS["target"]))

@@ -1,4 +1,5 @@
-"""LlamaGen's engine folder: a model bundle -> four ONNX graphs (``target_prefill``, ``target_verify``, ``draft_tree``,
+"""The engine folder of LlamaGen and the other discrete-token families (:mod:`vvs.families.llamagen.arch`): a model
+bundle -> four ONNX graphs (``target_prefill``, ``target_verify``, ``draft_tree``,
 ``vq_decode``; no ``draft_tree`` without a drafter), tables and the manifest, written through
 :func:`vvs.export.folder.folder_transaction`.
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -26,9 +28,9 @@ from vvs.export.spec import DTYPES, GraphSpec
 from vvs.export.weight_only import quantize_weights
 from vvs.families.llamagen.bundle import ModelBundle
 from vvs.families.llamagen.drafter import DrafterConfig
-from vvs.families.llamagen.gpt import GPTConfig
 from vvs.families.llamagen.graphs import build_graphs, draft_tree_graph, draft_tree_spec, graph_specs
-from vvs.families.llamagen.loading import load_drafter, load_gpt
+from vvs.families.llamagen.loading import load_drafter
+from vvs.families.registry import family_of
 from vvs.models.layers import cast_floating
 from vvs.models.loading import save_model
 from vvs.runtime.neighbours import nearest_codes
@@ -38,6 +40,7 @@ from vvs.runtime.options import DecodeOptions, TreeShape
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.float16}
 TREES = "trees"  # draft_tree graphs of other tree shapes, exported on demand
 TREE_INDEX = "index.json"  # in TREES: the size and sha256 of every file exported there
+PROMPT_TOKENIZER = "tokenizer.json"  # a target's own text tokenizer, where prompts are its input
 
 
 DRAFTER_WEIGHTS = ("fp32", "int8")
@@ -56,6 +59,9 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
         raise VVSError(f"option precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
     if drafter_weights not in DRAFTER_WEIGHTS:
         raise VVSError(f"option drafter_weights={drafter_weights!r}: choose one of {', '.join(DRAFTER_WEIGHTS)}")
+    if precision == "int8" and not bundle.arch.int8:
+        raise VVSError(f"option --precision int8: SmoothQuant calibration exists for LlamaGen's GPT only; export "
+                       f"--model {bundle.family} as fp32 or fp16")
     if drafter_weights == "int8" and (precision != "fp32" or bundle.drafter is None):
         raise VVSError("option --drafter-weights int8: needs a drafter and --precision fp32 (the int8 weights "
                        "multiply float32 activations quantised on the fly)")
@@ -105,21 +111,23 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
             files += written
         tables = {"codebook": bundle.vq.quantize.codebook().detach().float().contiguous(),
                   "neighbours": nearest_codes(bundle.vq.quantize.codebook().detach(), k_nn)}
-        if bundle.target.config.model_type == "t2i":
+        if getattr(bundle.target.config, "model_type", None) == "t2i":
             tables["null_condition"] = bundle.target.cls_embedding.uncond_embedding.detach().float().contiguous()
         save_file(tables, work / TABLES)
         files.append(work / TABLES)
         # the torch weights too, so one folder serves every backend (and TensorRT rebuilds need only the ONNX)
-        for name, model, kind in (("target", source.target, "gpt"), ("drafter", source.drafter, "drafter"),
+        for name, model, kind in (("target", source.target, bundle.arch.kind), ("drafter", source.drafter, "drafter"),
                                   ("vq", source.vq, "vq")):
             if model is not None:
                 files.append(save_model(model, work / TORCH_WEIGHTS[name], kind))
+        if bundle.tokenizer is not None:  # the target reads prompt ids: its own tokenizer travels with it
+            files.append(Path(shutil.copyfile(bundle.tokenizer, work / PROMPT_TOKENIZER)))
         if precision == "int8":
             files.append(work / CALIBRATION)
         manifest = {
             "format": FORMAT,
             "model": {
-                "family": "llamagen",
+                "family": bundle.family,
                 "target": bundle.target.config.to_dict(),
                 **({} if drafter is None else {"drafter": drafter.to_dict()}),
                 "vq": bundle.vq.config.to_dict(),
@@ -134,6 +142,8 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
             "versions": tool_versions(),
             "files": {p.relative_to(work).as_posix(): file_record(p) for p in files},
         }
+        if bundle.tokenizer is not None:
+            manifest["prompts"] = {"tokenizer": PROMPT_TOKENIZER}
         if text_encoder is not None:
             from vvs.text.export import TOKENIZER
 
@@ -151,7 +161,8 @@ def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, Gr
     weights = "".join(manifest["files"][TORCH_WEIGHTS[m]]["sha256"][:8] for m in ("target", "drafter"))
     int8 = manifest["graphs"]["draft_tree"].get("weights") == "int8"
     path = folder / TREES / f"draft_tree-{tree.name}-{weights}{'-int8' if int8 else ''}.onnx"
-    target = GPTConfig(**manifest["model"]["target"])
+    arch = family_of(manifest).entry("target_arch")
+    target = arch.config(**manifest["model"]["target"])
     act = graph_spec(manifest, "draft_tree").inputs[0].dtype
     spec = draft_tree_spec(target, DrafterConfig(**manifest["model"]["drafter"]), tree, act)
     files = _tree_index(path.parent).get(path.name)  # what was recorded when it was exported, if it was
@@ -160,8 +171,8 @@ def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, Gr
     if damage is not None:  # a user should know that a file of their folder changed
         print(f"vvs: {path}: {damage}; exporting it again", file=sys.stderr)
     if damage is not None or not recorded:
-        gpt = load_gpt(folder / TORCH_WEIGHTS["target"])
-        module = draft_tree_graph(gpt, load_drafter(folder / TORCH_WEIGHTS["drafter"], gpt.config), tree)
+        model = arch.load(folder / TORCH_WEIGHTS["target"])
+        module = draft_tree_graph(model, load_drafter(folder / TORCH_WEIGHTS["drafter"], model.config), tree)
         cast_floating(module, DTYPES[act])
         try:
             written = export_graph(module, spec, path, target.vocab_size, target.max_positions - 1)

@@ -10,17 +10,64 @@ from vvs.runtime.options import PAC_RULES, SKIP_POLICIES, DecodeOptions
 SCALE_SIZES = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XXL", "GPT-XXXL", "GPT-1B", "GPT-3B", "GPT-7B")
 M = "vvs.families.llamagen"
 
+# What every discrete-token family decoded by this machinery shares (Janus-Pro's entry takes them too).
+BENCH_MODES = ("ar", "sd", "lantern", "vvs-uniform", "vvs-dynamic", "sjd", "sjd-pac", "gsd")
+MODE_HELP = ("ar, sd, sjd and sjd-pac sample the target's distribution exactly; lantern, vvs and gsd change it by "
+             "design, vvs committing a skipped cycle's drafts unverified, gsd accepting a draft for its group of "
+             "near-equivalent codes; vvs-uniform and vvs-dynamic name VVS's skip schedule; sjd, sjd-pac and gsd "
+             "need no drafter (speculative Jacobi decoding over a window of --window tokens); sjd-pac-official "
+             "walks SJD-PAC's tree as its released code does, which changes the distribution")
+EXPORT_OPTIONS = (
+    click.Option(["--precision"], type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+                 help="fp16: half-precision graphs, the VQ decoder included (RMSNorm, RoPE and the logits stay "
+                      "fp32). int8 (LlamaGen): SmoothQuant W8A8 Q/DQ on the target's linear layers, calibrated "
+                      "on the model's own samples, in an otherwise fp16 graph (the drafter is never quantized)."),
+    click.Option(["--drafter-weights"], type=click.Choice(["fp32", "int8"]), default="fp32", show_default=True,
+                 help="int8: the drafter graph's matrices (its layer and the head) as ONNX Runtime's block-wise "
+                      "int8 MatMulNBits, multiplied in int8: on a CPU the drafter call streams a quarter of the "
+                      "bytes. Changes which drafts are proposed, never what an exact mode samples. ONNX Runtime "
+                      "only: the torch backend runs the float32 drafter, TensorRT refuses the graph."),
+    click.Option(["--no-drafter"], is_flag=True,
+                 help="Export without a drafter: the folder runs ar, sjd, sjd-pac and gsd. Also what --checkpoint "
+                      "without --drafter exports."),
+    click.Option(["--max-draft-top-k"], type=click.IntRange(1, 64), default=10, show_default=True,
+                 help="Largest --draft-top-k this folder accepts at run time (draft_tree graphs are built per "
+                      "tree shape)."),
+    click.Option(["--lantern-k"], type=click.IntRange(1), default=None,
+                 help="LANTERN neighbours stored per code (default: the decoding default lantern_k)."),
+)
+DECODING_FLAGS = (
+    DecodingFlag("--temperature", "temperature", float, "Sampling temperature; 0 means greedy."),
+    DecodingFlag("--top-k", "top_k", int, "Keep the k most likely tokens (0: all)."),
+    DecodingFlag("--top-p", "top_p", float, "Nucleus sampling mass in (0, 1]."),
+    DecodingFlag("--cfg", "cfg_scale", float,
+                 "Classifier-free guidance scale; guidance applies only above 1 (as in LlamaGen)."),
+    DecodingFlag("--tree-size", "tree_size", int, "Draft-tree nodes verified per step, root included."),
+    DecodingFlag("--depth", "depth", int, "Tree expansion rounds (paths hold up to depth + 1 drafts)."),
+    DecodingFlag("--draft-top-k", "draft_top_k", int, "Children per expanded node."),
+    DecodingFlag("--skip-policy", "skip_policy", click.Choice(SKIP_POLICIES), "VVS skip schedule."),
+    DecodingFlag("--skip-interval", "skip_interval", int, "uniform: skip one verification every N cycles."),
+    DecodingFlag("--sim-threshold", "sim_threshold", float, "dynamic: latent similarity needed to skip."),
+    DecodingFlag("--lantern-k", "lantern_k", int, "LANTERN: latent neighbours per drafted token."),
+    DecodingFlag("--lantern-delta", "lantern_delta", float, "LANTERN: total-variation budget δ."),
+    DecodingFlag("--window", "window", int,
+                 "sjd, sjd-pac, gsd: tokens per window forward, root included (0: the paper's, 16 or 64)."),
+    DecodingFlag("--pac-tree-width", "pac_tree_width", int, "sjd-pac: candidates per position of its tree."),
+    DecodingFlag("--pac-tree-depth", "pac_tree_depth", int, "sjd-pac: that tree's depth, root included (1: none)."),
+    DecodingFlag("--pac-rule", "pac_rule", click.Choice(PAC_RULES),
+                 "sjd-pac: exact, or official (the released code's tree walk: lossy)."),
+    DecodingFlag("--gsd-group-size", "gsd_group_size", int, "gsd: codes ranked around a draft that may group."),
+    DecodingFlag("--gsd-prob-gap", "gsd_prob_gap", float, "gsd: largest probability gap within a group."),
+    DecodingFlag("--gsd-distance", "gsd_distance", float, "gsd: largest squared latent distance in a group."),
+)
+
 FAMILY = Family(
     name="llamagen",
     label="LlamaGen",
     summary="discrete VQ tokens, class- or text-conditional; VVS, EAGLE-2, LANTERN",
     options=DecodeOptions,
-    bench_modes=("ar", "sd", "lantern", "vvs-uniform", "vvs-dynamic", "sjd", "sjd-pac", "gsd"),
-    mode_help="ar, sd, sjd and sjd-pac sample the target's distribution exactly; lantern, vvs and gsd change it by "
-              "design, vvs committing a skipped cycle's drafts unverified, gsd accepting a draft for its group of "
-              "near-equivalent codes; vvs-uniform and vvs-dynamic name VVS's skip schedule; sjd, sjd-pac and gsd "
-              "need no drafter (speculative Jacobi decoding over a window of --window tokens); sjd-pac-official "
-              "walks SJD-PAC's tree as its released code does, which changes the distribution",
+    bench_modes=BENCH_MODES,
+    mode_help=MODE_HELP,
     manifest_schema={"required": ["max_draft_top_k", "tables"],
                      "properties": {"model": {"required": ["vq"]}}},
     model_configs={"target": (f"{M}.gpt:GPTConfig", ("num_image_tokens", "head_dim")),
@@ -28,6 +75,7 @@ FAMILY = Family(
     condition_kind=lambda manifest: "text" if manifest["model"]["target"]["model_type"] == "t2i" else "class",
     num_classes=lambda manifest: manifest["model"]["target"]["num_classes"],
     export_options=(
+        *EXPORT_OPTIONS,
         click.Option(["--t2i"], is_flag=True, help="The checkpoint is text-conditional (120 caption slots)."),
         click.Option(["--grid-size"], type=click.IntRange(1), default=None,
                      help="Token grid side of --checkpoint: 16 (256 px, default), 24 (384 px), 32 (512 px)."),
@@ -35,57 +83,18 @@ FAMILY = Family(
                      help="VQ tokenizer weights. Default: the shipped tokenizer."),
         click.Option(["--vq-config"], default=None,
                      help="Named VQ size of --vq (VQ-16, VQ-8). Not needed for vvs files."),
-        click.Option(["--precision"], type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
-                     help="fp16: half-precision graphs, the VQ decoder included (RMSNorm, RoPE and the logits stay "
-                          "fp32). int8: SmoothQuant W8A8 Q/DQ on the target's linear layers, calibrated on the "
-                          "model's own samples, in an otherwise fp16 graph (the drafter is never quantized)."),
-        click.Option(["--drafter-weights"], type=click.Choice(["fp32", "int8"]), default="fp32", show_default=True,
-                     help="int8: the drafter graph's matrices (its layer and the head) as ONNX Runtime's block-wise "
-                          "int8 MatMulNBits, multiplied in int8: on a CPU the drafter call streams a quarter of the "
-                          "bytes. Changes which drafts are proposed, never what an exact mode samples. ONNX Runtime "
-                          "only: the torch backend runs the float32 drafter, TensorRT refuses the graph."),
-        click.Option(["--no-drafter"], is_flag=True,
-                     help="Export without a drafter: the folder runs ar, sjd, sjd-pac and gsd. Also what --checkpoint "
-                          "without --drafter exports."),
-        click.Option(["--max-draft-top-k"], type=click.IntRange(1, 64), default=10, show_default=True,
-                     help="Largest --draft-top-k this folder accepts at run time (draft_tree graphs are built per "
-                          "tree shape)."),
-        click.Option(["--lantern-k"], type=click.IntRange(1), default=None,
-                     help="LANTERN neighbours stored per code (default: the decoding default lantern_k)."),
         click.Option(["--text-encoder"], type=str, default=None,
                      help="--t2i: the T5-family encoder the target was trained with (FLAN-T5-XL for LlamaGen's t2i "
                           "checkpoints), a folder or name transformers loads; exported with its tokenizer as the "
                           "text_encode graph, so prompts work with no other files."),
     ),
-    decoding_flags=(
-        DecodingFlag("--temperature", "temperature", float, "Sampling temperature; 0 means greedy."),
-        DecodingFlag("--top-k", "top_k", int, "Keep the k most likely tokens (0: all)."),
-        DecodingFlag("--top-p", "top_p", float, "Nucleus sampling mass in (0, 1]."),
-        DecodingFlag("--cfg", "cfg_scale", float,
-                     "Classifier-free guidance scale; guidance applies only above 1 (as in LlamaGen)."),
-        DecodingFlag("--tree-size", "tree_size", int, "Draft-tree nodes verified per step, root included."),
-        DecodingFlag("--depth", "depth", int, "Tree expansion rounds (paths hold up to depth + 1 drafts)."),
-        DecodingFlag("--draft-top-k", "draft_top_k", int, "Children per expanded node."),
-        DecodingFlag("--skip-policy", "skip_policy", click.Choice(SKIP_POLICIES), "VVS skip schedule."),
-        DecodingFlag("--skip-interval", "skip_interval", int, "uniform: skip one verification every N cycles."),
-        DecodingFlag("--sim-threshold", "sim_threshold", float, "dynamic: latent similarity needed to skip."),
-        DecodingFlag("--lantern-k", "lantern_k", int, "LANTERN: latent neighbours per drafted token."),
-        DecodingFlag("--lantern-delta", "lantern_delta", float, "LANTERN: total-variation budget δ."),
-        DecodingFlag("--window", "window", int,
-                     "sjd, sjd-pac, gsd: tokens per window forward, root included (0: the paper's, 16 or 64)."),
-        DecodingFlag("--pac-tree-width", "pac_tree_width", int, "sjd-pac: candidates per position of its tree."),
-        DecodingFlag("--pac-tree-depth", "pac_tree_depth", int, "sjd-pac: that tree's depth, root included (1: none)."),
-        DecodingFlag("--pac-rule", "pac_rule", click.Choice(PAC_RULES),
-                     "sjd-pac: exact, or official (the released code's tree walk: lossy)."),
-        DecodingFlag("--gsd-group-size", "gsd_group_size", int, "gsd: codes ranked around a draft that may group."),
-        DecodingFlag("--gsd-prob-gap", "gsd_prob_gap", float, "gsd: largest probability gap within a group."),
-        DecodingFlag("--gsd-distance", "gsd_distance", float, "gsd: largest squared latent distance in a group."),
-    ),
+    decoding_flags=DECODING_FLAGS,
     export=f"{M}.exporter:export_from_options",
     load_engines=f"{M}.engines:load_engines",
     pipeline="vvs.runtime.pipeline:Pipeline",
     instruments=f"{M}.engines:quality_instruments",
     tensorrt_profiles=f"{M}.exporter:tensorrt_profiles",
+    target_arch=f"{M}.arch:ARCH",
     scale=f"{M}.scale:scale_folder",
     scale_sizes=SCALE_SIZES,
     describe_scale=f"{M}.scale:describe",

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from vvs.export.spec import TensorSpec
 from vvs.models.layers import RMSNorm, Rotary, apply_rope, attend, causal_mask, ffn_hidden_size, rope_2d_table
 
 
@@ -69,6 +70,12 @@ class GPTConfig:
     @property
     def null_class(self) -> int:
         return self.num_classes
+
+    def condition_input(self, act: str) -> TensorSpec:
+        """The ``target_prefill`` graph's condition: class ids ``[batch]`` or caption embeddings."""
+        if self.model_type == "c2i":
+            return TensorSpec("condition", "int64", ("batch",))
+        return TensorSpec("condition", act, ("batch", self.cls_token_num, self.caption_dim))
 
     def rotary(self) -> Rotary:
         """LlamaGen's 2-D RoPE over the condition slots and the image grid: the target's, and its drafter's."""
@@ -213,6 +220,15 @@ class GPT(nn.Module):
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
+
+    @property
+    def head(self) -> nn.Linear:
+        """What scores image tokens: the shared graphs ask every target for its ``head``."""
+        return self.output
+
+    def embedding_table(self) -> torch.Tensor:
+        """``[vocab_size, dim]``: every token's input embedding, which an EAGLE drafter copies as its own table."""
+        return self.tok_embeddings.weight
 
     def null_condition(self, batch: int) -> torch.Tensor:
         """The CFG null condition for ``batch`` rows (null class id, or the unconditional caption)."""

@@ -68,23 +68,29 @@ class Proposer(nn.Module):
     """The ``top_k`` children a node proposes, with their log-probabilities, from the drafter's hidden state.
 
     At official vocabularies (16,384 codes) the target's head is the largest matrix a drafter call reads, so it is
-    applied once per expanded node and nowhere else: guidance is linear, so the guided rows' hidden states are mixed
-    before the head rather than their logits after it, and nothing sorts the vocabulary. Candidates are the top-k of
+    applied once per expanded node and nowhere else: guidance is linear, so where the head is linear too (LlamaGen's)
+    the guided rows' hidden states are mixed before it rather than their logits after it, and nothing sorts the
+    vocabulary. A head that is not linear (Janus-Pro's MLP) scores every row and mixes the logits. Candidates are the top-k of
     the tempered logits, scored by log-probability under the tempered distribution (normalised by a log-sum-exp over
     the vocabulary). The sampling filters then remove exactly the candidates that the target's filter
     (:func:`vvs.runtime.sampling.filter_logits`) would remove from these logits, so a draft the target's filter
     refuses is never proposed."""
 
-    def __init__(self, head: nn.Linear, top_k: int, mask: nn.Module | None = None):
+    def __init__(self, head: nn.Module, top_k: int, mask: nn.Module | None = None):
         super().__init__()
         self.head = head
+        self.linear = isinstance(head, nn.Linear)
         self.top_k = top_k
         self.mask = mask
 
     def forward(self, hidden, cfg_mix, temperature, top_k, top_p, survivors_k):
         """``hidden [rows, j, D]`` -> ``(logp, ids)``, each ``[n, j, top_k]``, best first."""
-        mixed = mix(cfg_mix, hidden).to(self.head.weight.dtype)
-        logits = _masked(self.mask, self.head(mixed).float()) / temperature.clamp_min(1e-5)
+        dtype = next(self.head.parameters()).dtype
+        if self.linear:
+            scores = self.head(mix(cfg_mix, hidden).to(dtype)).float()
+        else:
+            scores = mix(cfg_mix, self.head(hidden.to(dtype)).float())
+        logits = _masked(self.mask, scores) / temperature.clamp_min(1e-5)
         top = logits.topk(self.top_k, dim=-1)
         logp = top.values - torch.logsumexp(logits, dim=-1, keepdim=True)
         kept = self.filtered(logits, top.values, top_k, top_p, survivors_k)
@@ -220,7 +226,7 @@ def build_graphs(target: GPT, drafter: Drafter | None, vq: VQModel, tree: TreeSh
 def draft_tree_graph(target: GPT, drafter: Drafter, tree: TreeShape) -> DraftTreeGraph:
     """The drafter graph holds its own copy of the target's head, as its exported engine does."""
     mask = vocabulary_mask(target.config.vocab_size, target.config.sampled_ids)
-    return DraftTreeGraph(drafter, copy.deepcopy(target.output), tree, target.config.max_positions - 1, mask).eval()
+    return DraftTreeGraph(drafter, copy.deepcopy(target.head), tree, target.config.max_positions - 1, mask).eval()
 
 
 # --------------------------------------------------------------------------- their inputs and outputs
@@ -233,12 +239,10 @@ def graph_specs(target, drafter, vq, tree, act: str = "float32") -> dict[str, Gr
     """
     t = target
     kv = ("batch", t.n_head, "past", t.head_dim)
-    cond = (TensorSpec("condition", "int64", ("batch",)) if t.model_type == "c2i"
-            else TensorSpec("condition", act, ("batch", t.cls_token_num, t.caption_dim)))
     image = vq.downsample * t.grid_size
     specs = {
         "target_prefill": GraphSpec("target_prefill", (
-            cond,
+            t.condition_input(act),
             TensorSpec("attn_mask", "bool", ("batch", 1, t.cls_token_num, t.cls_token_num)),
             TensorSpec("cfg_mix", "float32", ("images", "batch")),
         ), (

@@ -63,7 +63,7 @@ def train_drafter(target: GPT, conditions: torch.Tensor, tokens: torch.Tensor, o
     target.eval().requires_grad_(False)
     torch.manual_seed(seed)
     drafter = Drafter(config or DrafterConfig.for_target(target.config), target.config)
-    drafter.embed_tokens.weight.data.copy_(target.tok_embeddings.weight.data)  # EAGLE: the target's embedding
+    drafter.embed_tokens.weight.data.copy_(target.embedding_table().detach())  # EAGLE: the target's embedding
     noise = 0.2 * 512 / (target.config.cls_token_num + tokens.shape[1])  # LANTERN's feature-noise amplitude
     first_slot = target.config.cls_token_num - 1
 
@@ -71,7 +71,7 @@ def train_drafter(target: GPT, conditions: torch.Tensor, tokens: torch.Tensor, o
         pick = torch.randint(0, len(tokens), (batch,), generator=gen)
         masks = None if caption_mask is None else caption_mask[pick]
         ids, pos, feats, goals = drafter_batch(target, conditions[pick], tokens[pick], class_dropout, gen, masks)
-        return drafter_loss(drafter, target.output, ids, pos, feats, goals, first_slot, noise, gen)
+        return drafter_loss(drafter, target.head, ids, pos, feats, goals, first_slot, noise, gen)
 
     train("drafter", drafter, step_fn, Schedule(steps=steps, lr=lr, warmup=min(100, steps // 10)), out_dir, seed)
     return drafter.eval()

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from vvs.export.spec import TensorSpec
 from vvs.families.llamagen.gpt import GPTOutput
 from vvs.models.layers import RMSNorm, Rotary, apply_rope, attend, causal_mask, rope_1d_table
 
@@ -68,6 +69,10 @@ class JanusConfig:
     @property
     def max_positions(self) -> int:
         return self.cls_token_num + self.num_image_tokens
+
+    def condition_input(self, act: str) -> TensorSpec:
+        """The ``target_prefill`` graph's condition: left-padded prompt ids."""
+        return TensorSpec("condition", "int64", ("batch", self.cls_token_num))
 
     def rotary(self) -> Rotary:
         """Llama's 1-D RoPE over prompt slots and image codes alike, pairs split in halves (Hugging Face layout):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from vvs.families.janus.model import JanusConfig, JanusGen
+from vvs.families.janus_pro.model import JanusConfig, JanusGen
 from vvs.models.loading import CheckpointError, config_from_meta, load_state, read_checkpoint
 from vvs.models.vq import VQModel, vq_config
 
@@ -27,9 +27,9 @@ WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-def official_config(folder: Path, prompt_slots: int) -> tuple[JanusConfig, str]:
+def official_config(folder: Path, prompt_slots: int, grid_size: int = 24) -> tuple[JanusConfig, str]:
     """The :class:`JanusConfig` of an official folder (``prompt_slots``: the longest prompt it will take, in
-    tokens) and the name of its VQ tokenizer (``VQ-16``)."""
+    tokens; ``grid_size``: the code grid's side, 24 for the released 384 px) and the name of its VQ tokenizer."""
     path = folder / "config.json"
     try:
         data = json.loads(path.read_text())
@@ -73,7 +73,7 @@ def official_config(folder: Path, prompt_slots: int) -> tuple[JanusConfig, str]:
             dim=llama["hidden_size"], n_layer=llama["num_hidden_layers"], n_head=heads,
             ffn_hidden=llama["intermediate_size"], text_vocab_size=llama["vocab_size"], vocab_size=codes,
             code_dim=aligner.get("input_dim", 8), head_hidden=head.get("image_token_embed"),
-            norm_eps=llama["rms_norm_eps"], rope_base=llama["rope_theta"], cls_token_num=prompt_slots,
+            norm_eps=llama["rms_norm_eps"], rope_base=llama["rope_theta"], cls_token_num=prompt_slots, grid_size=grid_size,
             **special_token_ids(folder, llama["vocab_size"]))
     except (TypeError, ValueError) as err:
         raise CheckpointError(path, f"unusable sizes: {err}") from None
@@ -119,13 +119,14 @@ def read_official_weights(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_official(folder, prompt_slots: int = 64) -> tuple[JanusGen, VQModel]:
-    """The generation path of an official Janus-Pro folder: the target and its VQ-16 tokenizer, in float32."""
+def load_official(folder, prompt_slots: int = 64, grid_size: int = 24) -> tuple[JanusGen, VQModel]:
+    """The generation path of an official Janus-Pro folder: the target and its VQ-16 tokenizer, in float32.
+    ``grid_size``: 24, the official script's 576 codes (384 px); tests use smaller grids."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(folder, "not a folder: give the folder of an official Janus-Pro checkpoint "
                                       "(config.json, weights, tokenizer.json)")
-    config, vq_name = official_config(folder, prompt_slots)
+    config, vq_name = official_config(folder, prompt_slots, grid_size)
     state = read_official_weights(folder)
     vq_state = {k.removeprefix(VQ_PREFIX): v for k, v in state.items() if k.startswith(VQ_PREFIX)}
     target_state = {k: v for k, v in state.items() if not k.startswith((VQ_PREFIX, *UNUSED))}

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from vvs.families.janus.model import JanusConfig
+from vvs.families.janus_pro.model import JanusConfig
 from vvs.runtime.options import OptionsError
 from vvs.text.encoder import check_prompts
 
@@ -68,3 +69,23 @@ def null_ids(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     keep[torch.arange(ids.shape[0], device=ids.device), first] = True
     keep[:, -1] = True
     return torch.where(keep, ids, torch.full_like(ids, pad_id))
+
+
+class PromptConditioning:
+    """The loop's conditioning hook (:class:`vvs.runtime.conditions.Conditioning`) for Janus-Pro: prompts in,
+    left-padded ids and their mask out; guidance's null built from each prompt's ids."""
+
+    kind = "text"
+
+    def __init__(self, prompts: PromptIds):
+        self.prompts = prompts
+
+    def prepare(self, engines, conditions, caption_mask):
+        if caption_mask is not None:
+            raise OptionsError("caption_mask goes with LlamaGen's caption embeddings; Janus-Pro takes prompts only")
+        if isinstance(conditions, (torch.Tensor, np.ndarray)):
+            raise OptionsError("this model takes prompts (a list of strings), not a tensor")
+        return self.prompts.encode(conditions)
+
+    def null(self, engines, conditions: torch.Tensor) -> torch.Tensor:
+        return null_ids(conditions, self.prompts.config.pad_id)

@@ -1,0 +1,19 @@
+"""Janus-Pro's target architecture for the LlamaGen machinery (:class:`vvs.families.llamagen.arch.TargetArch`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from vvs.errors import VVSError
+from vvs.families.janus_pro.loading import load_janus
+from vvs.families.janus_pro.model import JanusConfig
+from vvs.families.janus_pro.prompts import PromptConditioning, PromptIds
+from vvs.families.llamagen.arch import TargetArch
+
+
+def _conditioning(config: JanusConfig, tables: dict, model_info: dict, tokenizer: Path | None):
+    if tokenizer is None:
+        raise VVSError("a Janus-Pro target reads prompt ids: give its tokenizer.json (the official folder's)")
+    return PromptConditioning(PromptIds.from_file(tokenizer, config))
+
+
+ARCH = TargetArch("janus-pro", "janus", JanusConfig, load_janus, _conditioning)

@@ -1,0 +1,45 @@
+"""Janus-Pro's registry entry: text to image through its language model's generation path (VQ-16 codes), decoded
+by the LlamaGen machinery and the shared speculative loop."""
+from __future__ import annotations
+
+import click
+
+from vvs.families.base import Family
+from vvs.families.llamagen.family import BENCH_MODES, DECODING_FLAGS, EXPORT_OPTIONS, MODE_HELP
+from vvs.runtime.options import DecodeOptions
+
+M = "vvs.families.janus_pro"
+L = "vvs.families.llamagen"
+
+FAMILY = Family(
+    name="janus-pro",
+    label="Janus-Pro",
+    summary="deepseek-ai's Janus-Pro text to image (VQ-16 codes, prompts through its own tokenizer); VVS, EAGLE-2, "
+            "LANTERN, speculative Jacobi",
+    options=DecodeOptions,
+    bench_modes=BENCH_MODES,
+    mode_help=MODE_HELP,
+    manifest_schema={"required": ["max_draft_top_k", "tables", "prompts"],
+                     "properties": {"model": {"required": ["vq"]}}},
+    model_configs={"target": (f"{M}.model:JanusConfig", ("num_image_tokens", "head_dim")),
+                   "drafter": (f"{L}.drafter:DrafterConfig", ()), "vq": ("vvs.models.vq:VQConfig", ())},
+    condition_kind=lambda manifest: "text",
+    num_classes=lambda manifest: 0,
+    export_options=(
+        *EXPORT_OPTIONS,
+        click.Option(["--prompt-tokens"], type=click.IntRange(4, 4096), default=64, show_default=True,
+                     help="The longest prompt the folder takes, in tokens with the chat template (shorter ones are "
+                          "left-padded): the target's prompt slots."),
+    ),
+    decoding_flags=DECODING_FLAGS,
+    export=f"{M}.bundle:export_from_options",
+    load_engines=f"{L}.engines:load_engines",
+    pipeline="vvs.runtime.pipeline:Pipeline",
+    instruments=f"{L}.engines:quality_instruments",
+    tensorrt_profiles=f"{L}.exporter:tensorrt_profiles",
+    target_arch=f"{M}.arch:ARCH",
+    instead={"scale": "Janus-Pro has no scale runs yet: measure a folder exported from an official checkpoint",
+             "tune": "tunes draft trees of LlamaGen folders; for Janus-Pro folders compare tree shapes with --sweep",
+             "serve": "vvs-serve serves LlamaGen folders so far (run Janus-Pro folders with vvs-run, vvs-bench or "
+                      "vvs.runtime.pipeline.Pipeline)"},
+)

@@ -1,0 +1,39 @@
+"""What a discrete-token target architecture gives the LlamaGen machinery (graphs, exporter, engine sets), so
+that one exporter and one loop serve every such family: LlamaGen's GPT here, Janus-Pro's generation path in
+:mod:`vvs.families.janus_pro.arch`. A family names its record in its registry entry (``Family.target_arch``).
+
+A target module offers ``config`` (``vocab_size``, ``sampled_ids``, ``cls_token_num``, ``num_image_tokens``,
+``max_positions``, ``grid_size``, ``dim``, ``n_layer``, ``n_head``, ``head_dim``, ``ffn_hidden``,
+``condition_input(act)``, ``rotary()``), ``forward(tokens= | condition=, position_ids, mask, past_kv)`` returning
+:class:`~vvs.families.llamagen.gpt.GPTOutput`, ``teacher_forced``, ``head`` and ``embedding_table()``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from torch import nn
+
+from vvs.families.llamagen.conditions import conditioning
+from vvs.families.llamagen.gpt import GPTConfig
+from vvs.families.llamagen.loading import load_gpt
+
+
+@dataclass(frozen=True)
+class TargetArch:
+    family: str  # the manifest's model.family
+    kind: str  # the kind recorded in the target's vvs safetensors file
+    config: type  # its config dataclass
+    load: Callable[[Path], nn.Module]  # a vvs target file -> the target, in eval mode
+    # (config, tables, manifest's "model" entry, the folder's or bundle's text tokenizer) -> its Conditioning;
+    # tables holds a t2i target's "null_condition"
+    conditioning: Callable[..., object]
+    int8: bool = False  # vvs.calib.int8's SmoothQuant knows its layers (vvs-export --precision int8)
+
+
+def _conditioning(config: GPTConfig, tables: dict, model_info: dict, tokenizer: Path | None):
+    return conditioning(config, tables.get("null_condition"), model_info.get("classes", ()))
+
+
+ARCH = TargetArch("llamagen", "gpt", GPTConfig, load_gpt, _conditioning, int8=True)
