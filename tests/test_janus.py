@@ -171,3 +171,40 @@ def test_speculative_modes_run_a_janus_target(bundle):
     for mode in ("vvs", "sjd-pac"):
         out = pipe.generate(PROMPTS, mode=mode, decode_images=False, temperature=1.0, seed=4)
         assert out.tokens.shape == (3, GRID * GRID) and int(out.tokens.max()) < bundle.target.config.vocab_size
+
+
+@pytest.fixture(scope="module")
+def janus_folder(bundle, tmp_path_factory):
+    from vvs.families.janus_pro.bundle import DECODING_DEFAULTS
+    from vvs.families.llamagen.exporter import export_folder
+
+    out = tmp_path_factory.mktemp("janus-engines") / "engines-janus"
+    export_folder(bundle, out, decoding_defaults={**DECODING_DEFAULTS, "tree_size": 6, "depth": 2, "draft_top_k": 2},
+                  progress=False)
+    return out
+
+
+@torch.no_grad()
+def test_an_exported_folder_decodes_as_the_torch_modules_on_onnxruntime(bundle, janus_folder):
+    """The engine folder (graphs, tables, the target's tokenizer) on ONNX Runtime: the torch modules' greedy tokens,
+    ar and sd; sampled sd equals the torch backend's draw for draw."""
+    import json
+
+    from vvs.engines import load_engines
+    from vvs.families.llamagen.engines import torch_engines
+    from vvs.runtime.pipeline import Pipeline
+
+    manifest = json.loads((janus_folder / "manifest.json").read_text())
+    assert manifest["model"]["family"] == "janus-pro" and manifest["prompts"] == {"tokenizer": "tokenizer.json"}
+    assert manifest["decoding_defaults"]["cfg_scale"] == 5.0 and manifest["decoding_defaults"]["top_k"] == 0
+    ort = Pipeline(load_engines(janus_folder, "onnxruntime", threads=1))
+    ref = Pipeline(torch_engines(bundle, default_options=manifest["decoding_defaults"]))
+    for mode, options in (("ar", {"temperature": 0.0}), ("sd", {"temperature": 0.0}), ("sd", {"top_k": 50})):
+        ours = ort.generate(PROMPTS, mode=mode, seed=11, decode_images=False, **options).tokens
+        torch_tokens = ref.generate(PROMPTS, mode=mode, seed=11, decode_images=False, **options).tokens
+        assert torch.equal(ours, torch_tokens), (mode, options)
+    images = ort.generate(PROMPTS[:1], mode="vvs", seed=2).images
+    assert images.shape == (1, 3, 16 * GRID, 16 * GRID)
+    folder_pipe = Pipeline(load_engines(janus_folder, "torch"))
+    assert torch.equal(folder_pipe.generate(PROMPTS, mode="ar", temperature=0.0, decode_images=False).tokens,
+                       ort.generate(PROMPTS, mode="ar", temperature=0.0, decode_images=False).tokens)
