@@ -208,3 +208,34 @@ def test_an_exported_folder_decodes_as_the_torch_modules_on_onnxruntime(bundle, 
     folder_pipe = Pipeline(load_engines(janus_folder, "torch"))
     assert torch.equal(folder_pipe.generate(PROMPTS, mode="ar", temperature=0.0, decode_images=False).tokens,
                        ort.generate(PROMPTS, mode="ar", temperature=0.0, decode_images=False).tokens)
+
+
+def test_cli_exports_an_official_folder_and_runs_prompts(official, tmp_path, capsys, monkeypatch):
+    """``vvs-export --model janus-pro --checkpoint FOLDER`` (the official 24 x 24 codes, no drafter: the best exact
+    drafter-free mode becomes the default), then ``vvs-run --prompt``; bad requests are one-line errors."""
+    from tests.conftest import run_cli
+    from vvs.cli.export import main as export
+    from vvs.cli.run import main as run
+
+    folder = official[0]
+    out = tmp_path / "engines-janus"
+    for args, message in ((["--model", "janus-pro"], "give --checkpoint, the folder of an official Janus-Pro"),
+                          (["--model", "janus-pro", "--checkpoint", folder, "--precision", "int8"],
+                           "SmoothQuant calibration exists for LlamaGen's GPT only"),
+                          (["--model", "janus-pro", "--checkpoint", folder / "config.json"], "not a folder")):
+        code, _, err = run_cli(export, [*args, "--out", out], capsys, monkeypatch)
+        assert code == 2 and message in err and err.strip().count("\n") == 0, err
+        assert not out.exists()
+    code, stdout, err = run_cli(export, ["--model", "janus-pro", "--checkpoint", folder, "--no-drafter", "--out", out,
+                                         "--prompt-tokens", "16"], capsys, monkeypatch)
+    assert code == 0, err
+    assert 'next: vvs-run --engine' in stdout and '--prompt' in stdout
+    code, stdout, err = run_cli(run, ["--engine", out, "--prompt", "a red cat", "--out", tmp_path / "images"],
+                                capsys, monkeypatch)
+    assert code == 0, err
+    assert "sjd-pac" in stdout and (tmp_path / "images" / "sjd-pac_000_a-red-cat.png").is_file()
+    code, _, err = run_cli(run, ["--engine", out, "--class", "3"], capsys, monkeypatch)
+    assert code == 2 and "text-conditional; give --prompt" in err
+    code, _, err = run_cli(run, ["--engine", out, "--prompt", "a photo of a red cat on the big hill at night on a "
+                                 "sunny day", "--out", tmp_path / "x"], capsys, monkeypatch)
+    assert code == 2 and "tokens with the chat template; this folder takes at most 16" in err, err

@@ -229,7 +229,7 @@ def resolve_conditions(engine_dir, manifest: dict, classes, prompts, prompts_fil
     if family.condition_kind(manifest) == "text":
         if classes:
             raise VVSError("option --class: this folder's model is text-conditional; give --prompt or --prompts")
-        if "text" not in manifest:
+        if "text" not in manifest and "prompts" not in manifest:  # neither a text encoder nor the target's tokenizer
             raise VVSError(f"{engine_dir}: has no text encoder, so prompts cannot be encoded; re-export it with "
                            "vvs-export --t2i --text-encoder, or pass caption embeddings to the Pipeline API")
         return resolve_prompts(prompts, prompts_file, count)
