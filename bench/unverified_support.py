@@ -27,7 +27,7 @@ from vvs.runtime.sampling import Processor, cfg_matrix, mix  # noqa: E402
 @torch.no_grad()
 def zero_probability_codes(target, classes: torch.Tensor, tokens: torch.Tensor, cfg: float, proc: Processor) -> int:
     n = len(classes)
-    cond = torch.cat([classes, target.null_condition(n)])
+    cond = torch.cat([classes, target.null_condition(classes)])
     out = target.teacher_forced(cond, tokens.repeat(2, 1))
     logits = mix(cfg_matrix(n, cfg), out.logits[:, target.config.cls_token_num - 1 : -1])
     probs = proc.probs(logits)

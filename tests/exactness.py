@@ -20,11 +20,12 @@ def conditionals(pipe, conditions: torch.Tensor, tokens: torch.Tensor, cfg_scale
     """``[n, N, V]``: the target's processed distribution of every token given the image's earlier tokens."""
     target = pipe.engines.graphs["target_verify"].module.target
     n = len(tokens)
-    rows = torch.cat([conditions, target.null_condition(n)]) if cfg_scale > 1 else conditions
+    rows = torch.cat([conditions, target.null_condition(conditions)]) if cfg_scale > 1 else conditions
     prefix = tokens[:, :-1]
     with torch.no_grad():
         out = target.teacher_forced(rows, prefix.repeat(rows.shape[0] // n, 1))
-    return Processor(temperature, top_k, top_p).probs(mix(cfg_matrix(n, cfg_scale), out.logits))
+    logits = out.logits[:, target.config.cls_token_num - 1:]  # output position C - 1 + i predicts token i
+    return Processor(temperature, top_k, top_p).probs(mix(cfg_matrix(n, cfg_scale), logits))
 
 
 def pit_pvalues(probs: torch.Tensor, tokens: torch.Tensor, seed: int = 0) -> tuple[float, float]:

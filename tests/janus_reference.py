@@ -109,3 +109,34 @@ def write_official_folder(model, folder: Path, shards: int = 2, vq_seed: int = 0
     (folder / "config.json").write_text(json.dumps(official_config()))
     tokenizer().save(str(folder / "tokenizer.json"))
     return folder
+
+
+def small_janus_bundle(tmp: Path, seed: int = 0):
+    """A tiny random Janus-architecture target (256 codes, a 4 x 4 grid, 12 prompt slots; its head sharpened so
+    that sampling has structure), a tiny VQ, the stand-in tokenizer, and a drafter briefly trained on the target's
+    own samples for the prompts of :data:`WORDS`, so that drafts get accepted."""
+    from vvs.families.janus_pro.model import JanusGen, janus_config
+    from vvs.families.janus_pro.prompts import PromptIds
+    from vvs.families.llamagen.bundle import ModelBundle
+    from vvs.families.llamagen.train_drafter import train_drafter
+    from vvs.models.layers import caption_causal_mask
+
+    torch.manual_seed(seed)
+    target = JanusGen(janus_config("Janus-tiny")).eval()
+    with torch.no_grad():
+        target.gen_head.vision_head.weight.mul_(40)
+    vq = VQModel(vq_config("VQ-tiny", codebook_size=target.config.vocab_size)).eval()
+    path = tmp / "tokenizer.json"
+    tokenizer().save(str(path))
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [" ".join(WORDS[j] for j in torch.randint(0, len(WORDS), (int(k),), generator=gen).tolist())
+               for k in torch.randint(1, 7, (48,), generator=gen)]
+    ids, mask = PromptIds.from_file(path, target.config).encode(prompts)
+    tokens = torch.zeros(len(ids), 0, dtype=torch.long)
+    with torch.no_grad():
+        for _ in range(target.config.num_image_tokens):
+            causal = caption_causal_mask(mask, ids.shape[1] + tokens.shape[1])
+            logits = target.teacher_forced(ids, tokens, causal).logits[:, -1]
+            tokens = torch.cat([tokens, torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)], 1)
+    drafter = train_drafter(target, ids, tokens, tmp, seed, steps=300, batch=16, lr=3e-3, caption_mask=mask)
+    return ModelBundle(target, drafter, vq, "janus-pro", path)

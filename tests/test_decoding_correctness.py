@@ -320,7 +320,7 @@ def test_padded_caption_slots_see_only_themselves(pipeline_factory):
     d = Decoding(pipe.engines, captions, opts, seeds=[0, 1], caption_mask=mask)
     hidden = d.prefill()["hidden"]  # [cond 0, cond 1, uncond 0, uncond 1]
     target = pipe.engines.graphs["target_verify"].module.target
-    emb = target.cls_embedding(target.null_condition(1))  # [1, 3, dim]
+    emb = target.cls_embedding(target.null_condition(torch.zeros(1, 3, 8)))  # [1, 3, dim]
     one = torch.ones(1, 1, 1, 1, dtype=torch.bool)
     with torch.no_grad():
         for row, img in ((2, 0), (3, 1)):

@@ -7,7 +7,8 @@ import torch
 
 from tests.janus_reference import BOI, BOS, GRID, PAD, hf_janus, write_official_folder
 from vvs.families.janus_pro.loading import load_official
-from vvs.families.janus_pro.prompts import PromptIds, conversation, null_ids
+from vvs.families.janus_pro.model import guidance_null
+from vvs.families.janus_pro.prompts import PromptIds, conversation
 from vvs.models.layers import causal_mask
 from vvs.models.loading import CheckpointError
 
@@ -108,7 +109,7 @@ def test_prompt_is_the_official_conversation_and_the_null_keeps_bos_and_image_st
     assert short[0] == BOS and short[-1] == BOI and short.count(BOS) == 1
     assert ids[0, -len(short):].tolist() == short and not mask[0, : -len(short)].any() and mask[0, -len(short):].all()
     assert (ids[0, : -len(short)] == PAD).all()
-    null = null_ids(ids, PAD)
+    null = guidance_null(ids, PAD)
     for row, length in ((0, len(short)), (1, int(mask[1].sum()))):
         first = ids.shape[1] - length
         assert null[row, first] == BOS and null[row, -1] == BOI
@@ -239,3 +240,43 @@ def test_cli_exports_an_official_folder_and_runs_prompts(official, tmp_path, cap
     code, _, err = run_cli(run, ["--engine", out, "--prompt", "a photo of a red cat on the big hill at night on a "
                                  "sunny day", "--out", tmp_path / "x"], capsys, monkeypatch)
     assert code == 2 and "tokens with the chat template; this folder takes at most 16" in err, err
+
+
+@torch.no_grad()
+def test_the_drafter_mixes_guidance_after_janus_mlp_head(bundle):
+    """Guidance is linear but Janus-Pro's head is not: the drafter scores each row, then mixes the logits (mixing
+    the hidden states first, right for LlamaGen's linear head, gives other candidates here)."""
+    from vvs.families.llamagen.graphs import Proposer
+    from vvs.runtime.sampling import cfg_matrix, mix
+
+    head = bundle.target.head
+    proposer = Proposer(head, top_k=8)
+    assert not proposer.linear
+    hidden = torch.randn(4, 1, bundle.target.config.dim, generator=torch.Generator().manual_seed(0)) * 3
+    cfg_mix = cfg_matrix(2, 5.0)
+    args = (torch.tensor([1.0]), torch.tensor([0]), torch.tensor([1.0]), torch.tensor([1]))
+    logp, ids = proposer(hidden, cfg_mix, *args)
+    expected = mix(cfg_mix, head(hidden)).log_softmax(-1).topk(8, dim=-1)
+    assert torch.equal(ids, expected.indices)
+    torch.testing.assert_close(logp, expected.values, atol=1e-5, rtol=0)
+    assert not torch.equal(head(mix(cfg_mix, hidden)).topk(8, dim=-1).indices, ids)
+
+
+@torch.no_grad()
+def test_an_image_does_not_depend_on_the_rest_of_its_batch(bundle):
+    """Batch invariance with prompts of different lengths (different padding): a prompt's image from a batch of
+    three equals its image alone with the same seed, sampled sd and vvs; and under continuous batching."""
+    from vvs.families.llamagen.engines import torch_engines
+    from vvs.runtime.options import DecodeOptions
+    from vvs.runtime.pipeline import Pipeline
+
+    pipe = Pipeline(torch_engines(bundle), DecodeOptions(mode="sd", **{**GREEDY, "temperature": 1.0, "top_k": 40}),
+                    max_batch=3)
+    for mode in ("sd", "vvs"):
+        together = pipe.generate(PROMPTS, mode=mode, seed=7, decode_images=False).tokens
+        for i, prompt in enumerate(PROMPTS):
+            alone = pipe.generate([prompt], mode=mode, seed=7 + i, decode_images=False).tokens
+            assert torch.equal(alone[0], together[i]), (mode, prompt)
+    jobs = [pipe.submit([p], seed=7 + i) for i, p in enumerate(PROMPTS)]  # joins a running batch
+    joined = torch.cat([job.result().tokens for job in jobs])
+    assert torch.equal(joined, pipe.generate(PROMPTS, seed=7, decode_images=False).tokens)

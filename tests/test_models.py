@@ -124,7 +124,7 @@ def test_rope_condition_rows_are_zero_and_pairs_interleaved():
 def test_cfg_halves_in_one_batch_equal_separate_forwards(model_type):
     model = tiny(model_type)
     cond = condition_for(model, 2)
-    uncond = model.null_condition(2)
+    uncond = model.null_condition(cond)
     tokens = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(4))
     both = model.teacher_forced(torch.cat([cond, uncond]), torch.cat([tokens, tokens]))
     alone_c = model.teacher_forced(cond, tokens)

@@ -99,6 +99,16 @@ def janus_config(name: str, **overrides) -> JanusConfig:
     return JanusConfig(**{**JANUS_SIZES[name], **overrides})
 
 
+def guidance_null(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Guidance's null of left-padded prompt ids ``[n, C]``, as the official script builds it: the first real id
+    (BOS) and the last (the image-start tag) kept, every other slot the pad id."""
+    first = (ids != pad_id).long().argmax(1)
+    keep = torch.zeros_like(ids, dtype=torch.bool)
+    keep[torch.arange(ids.shape[0], device=ids.device), first] = True
+    keep[:, -1] = True
+    return torch.where(keep, ids, torch.full_like(ids, pad_id))
+
+
 # --------------------------------------------------------------------------- the language model (Llama)
 
 
@@ -211,6 +221,9 @@ class JanusGen(nn.Module):
     @property
     def head(self) -> nn.Module:
         return self.gen_head
+
+    def null_condition(self, conditions: torch.Tensor) -> torch.Tensor:
+        return guidance_null(conditions, self.config.pad_id)
 
     def image_embeddings(self, codes: torch.Tensor) -> torch.Tensor:
         return self.gen_aligner(self.gen_embed(codes))

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from vvs.families.janus_pro.model import JanusConfig
+from vvs.families.janus_pro.model import JanusConfig, guidance_null
 from vvs.runtime.options import OptionsError
 from vvs.text.encoder import check_prompts
 
@@ -61,16 +61,6 @@ class PromptIds:
         return ids, mask
 
 
-def null_ids(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """Guidance's null of left-padded prompt ids ``[n, C]``: the first real id (BOS) and the last (the image-start
-    tag) kept, every other slot the pad id."""
-    first = (ids != pad_id).long().argmax(1)
-    keep = torch.zeros_like(ids, dtype=torch.bool)
-    keep[torch.arange(ids.shape[0], device=ids.device), first] = True
-    keep[:, -1] = True
-    return torch.where(keep, ids, torch.full_like(ids, pad_id))
-
-
 class PromptConditioning:
     """The loop's conditioning hook (:class:`vvs.runtime.conditions.Conditioning`) for Janus-Pro: prompts in,
     left-padded ids and their mask out; guidance's null built from each prompt's ids."""
@@ -88,4 +78,4 @@ class PromptConditioning:
         return self.prompts.encode(conditions)
 
     def null(self, engines, conditions: torch.Tensor) -> torch.Tensor:
-        return null_ids(conditions, self.prompts.config.pad_id)
+        return guidance_null(conditions, self.prompts.config.pad_id)

@@ -230,8 +230,9 @@ class GPT(nn.Module):
         """``[vocab_size, dim]``: every token's input embedding, which an EAGLE drafter copies as its own table."""
         return self.tok_embeddings.weight
 
-    def null_condition(self, batch: int) -> torch.Tensor:
-        """The CFG null condition for ``batch`` rows (null class id, or the unconditional caption)."""
+    def null_condition(self, conditions: torch.Tensor) -> torch.Tensor:
+        """The CFG null of each condition (the null class id, or the unconditional caption)."""
+        batch = conditions.shape[0]
         if self.config.model_type == "c2i":
             return torch.full((batch,), self.config.null_class, dtype=torch.long, device=self.output.weight.device)
         return self.cls_embedding.uncond_embedding.expand(batch, -1, -1)
@@ -284,7 +285,7 @@ def sample_ar(model: GPT, condition: torch.Tensor, cfg_scale: float = 1.0, tempe
     tests); serving goes through :mod:`vvs.runtime`."""
     n, c = condition.shape[0], model.config.cls_token_num
     guided = cfg_scale > 1.0
-    cond = torch.cat([condition, model.null_condition(n)]) if guided else condition
+    cond = torch.cat([condition, model.null_condition(condition)]) if guided else condition
     rows = cond.shape[0]
     out = model(condition=cond, position_ids=torch.arange(c).expand(rows, -1), mask=causal_mask(c))
     kv, logits, tokens = out.new_kv, out.logits[:, -1], []

@@ -1,4 +1,4 @@
-"""Train an EAGLE/LANTERN drafter for any LlamaGen target (the recipe of LANTERN's ``train_drafter``).
+"""Train an EAGLE/LANTERN drafter for any target of the LlamaGen machinery (LlamaGen's GPT, Janus-Pro) (the recipe of LANTERN's ``train_drafter``).
 
 Data: token sequences ``[M, N]`` of real images (ground-truth codes) with their conditions. Per batch the
 frozen target runs teacher-forced over ``[condition ‖ tokens]`` (with probability ``class_dropout`` on the
@@ -27,10 +27,7 @@ def drafter_batch(target: GPT, conditions: torch.Tensor, tokens: torch.Tensor, c
     cfg = target.config
     b = tokens.shape[0]
     drop = torch.rand(b, generator=gen) < class_dropout
-    if cfg.model_type == "c2i":
-        conditions = torch.where(drop, cfg.null_class, conditions)
-    else:
-        conditions = torch.where(drop[:, None, None], target.cls_embedding.uncond_embedding, conditions)
+    conditions = torch.where(drop.view(b, *[1] * (conditions.dim() - 1)), target.null_condition(conditions), conditions)
     mask = None if caption_mask is None else caption_causal_mask(caption_mask, cfg.cls_token_num + tokens.shape[1])
     with torch.no_grad():
         hidden = target.teacher_forced(conditions, tokens, mask).hidden  # [b, C + N, D]
@@ -58,8 +55,8 @@ def drafter_loss(drafter: Drafter, head: torch.nn.Linear, ids, positions, featur
 def train_drafter(target: GPT, conditions: torch.Tensor, tokens: torch.Tensor, out_dir: Path, seed: int,
                   steps: int = 1500, batch: int = 16, lr: float = 1e-3, class_dropout: float = 0.1,
                   config: DrafterConfig | None = None, caption_mask: torch.Tensor | None = None) -> Drafter:
-    """``conditions [M]`` class ids, or ``[M, C, caption_dim]`` left-padded captions with ``caption_mask [M, C]``;
-    ``tokens [M, N]`` the images' codes."""
+    """``conditions [M]`` class ids, or ``[M, C, ...]`` left-padded captions or prompt ids with
+    ``caption_mask [M, C]``; ``tokens [M, N]`` the images' codes."""
     target.eval().requires_grad_(False)
     torch.manual_seed(seed)
     drafter = Drafter(config or DrafterConfig.for_target(target.config), target.config)
