@@ -117,3 +117,11 @@ def text_folder(bundle_factory, t5_dir, tmp_path_factory):
     export_folder(bundle_factory(model_type="t2i"), out, decoding_defaults=SMALL, progress=False,
                   text_encoder=load_text_encoder(t5_dir, 8))
     return out
+
+
+@pytest.fixture(scope="session")
+def janus_bundle(tmp_path_factory):
+    """A tiny random Janus-architecture bundle with a briefly trained drafter (:mod:`tests.janus_reference`)."""
+    from tests.janus_reference import small_janus_bundle
+
+    return small_janus_bundle(tmp_path_factory.mktemp("janus-drafter"))

@@ -102,15 +102,13 @@ JANUS_IMAGES = IMAGES // 2
 
 
 @pytest.fixture(scope="module")
-def janus_pipe(tmp_path_factory):
-    from tests.janus_reference import small_janus_bundle
+def janus_pipe(janus_bundle):
+    from tests.conftest import SMALL
     from vvs.families.llamagen.engines import torch_engines
     from vvs.runtime.options import DecodeOptions
     from vvs.runtime.pipeline import Pipeline
-    from tests.conftest import SMALL
 
-    bundle = small_janus_bundle(tmp_path_factory.mktemp("janus-drafter"))
-    return Pipeline(torch_engines(bundle), DecodeOptions(**SMALL), max_batch=JANUS_IMAGES)
+    return Pipeline(torch_engines(janus_bundle), DecodeOptions(**SMALL), max_batch=JANUS_IMAGES)
 
 
 def janus_fit(pipe, mode: str, setting: dict, **options):
@@ -134,9 +132,7 @@ def test_exact_modes_draw_from_a_janus_target(janus_pipe, mode):
 def test_vvs_and_an_injected_bug_fail_it_on_a_janus_target(janus_pipe, monkeypatch):
     _, (joint, _) = janus_fit(janus_pipe, "vvs", SETTINGS["guidance"], vvs_relaxed=False, skip_interval=2,
                               skip_warmup_tokens=0)
-    print("vvs", joint)
     assert joint < FAIL
     monkeypatch.setattr(decode, "sample_accept", tempered)
     _, (joint, _) = janus_fit(janus_pipe, "sd", SETTINGS["guidance"])
-    print("tempered", joint)
     assert joint < FAIL

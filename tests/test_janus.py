@@ -175,20 +175,23 @@ def test_speculative_modes_run_a_janus_target(bundle):
 
 
 @pytest.fixture(scope="module")
-def janus_folder(bundle, tmp_path_factory):
+def janus_folder(janus_bundle, tmp_path_factory):
     from vvs.families.janus_pro.bundle import DECODING_DEFAULTS
     from vvs.families.llamagen.exporter import export_folder
 
     out = tmp_path_factory.mktemp("janus-engines") / "engines-janus"
-    export_folder(bundle, out, decoding_defaults={**DECODING_DEFAULTS, "tree_size": 6, "depth": 2, "draft_top_k": 2},
-                  progress=False)
+    small = {"tree_size": 6, "depth": 2, "draft_top_k": 2, "lantern_k": 4}
+    export_folder(janus_bundle, out, decoding_defaults={**DECODING_DEFAULTS, **small}, progress=False)
     return out
 
 
+SHORT_PROMPTS = ["a red cat", "a big dog at the river", "a tree"]  # within the small bundle's 12 prompt slots
+
+
 @torch.no_grad()
-def test_an_exported_folder_decodes_as_the_torch_modules_on_onnxruntime(bundle, janus_folder):
-    """The engine folder (graphs, tables, the target's tokenizer) on ONNX Runtime: the torch modules' greedy tokens,
-    ar and sd; sampled sd equals the torch backend's draw for draw."""
+def test_an_exported_folder_decodes_as_the_torch_modules_on_onnxruntime(janus_bundle, janus_folder):
+    """The engine folder (graphs, tables, the target's tokenizer) on ONNX Runtime and on the torch backend: the
+    torch modules' tokens, greedy ar and sd, sampled sd draw for draw, and vvs to pixels."""
     import json
 
     from vvs.engines import load_engines
@@ -199,16 +202,17 @@ def test_an_exported_folder_decodes_as_the_torch_modules_on_onnxruntime(bundle, 
     assert manifest["model"]["family"] == "janus-pro" and manifest["prompts"] == {"tokenizer": "tokenizer.json"}
     assert manifest["decoding_defaults"]["cfg_scale"] == 5.0 and manifest["decoding_defaults"]["top_k"] == 0
     ort = Pipeline(load_engines(janus_folder, "onnxruntime", threads=1))
-    ref = Pipeline(torch_engines(bundle, default_options=manifest["decoding_defaults"]))
+    ref = Pipeline(torch_engines(janus_bundle, default_options=manifest["decoding_defaults"]))
     for mode, options in (("ar", {"temperature": 0.0}), ("sd", {"temperature": 0.0}), ("sd", {"top_k": 50})):
-        ours = ort.generate(PROMPTS, mode=mode, seed=11, decode_images=False, **options).tokens
-        torch_tokens = ref.generate(PROMPTS, mode=mode, seed=11, decode_images=False, **options).tokens
+        ours = ort.generate(SHORT_PROMPTS, mode=mode, seed=11, decode_images=False, **options).tokens
+        torch_tokens = ref.generate(SHORT_PROMPTS, mode=mode, seed=11, decode_images=False, **options).tokens
         assert torch.equal(ours, torch_tokens), (mode, options)
-    images = ort.generate(PROMPTS[:1], mode="vvs", seed=2).images
-    assert images.shape == (1, 3, 16 * GRID, 16 * GRID)
+    images = ort.generate(SHORT_PROMPTS[:1], mode="vvs", seed=2).images
+    side = janus_bundle.target.config.grid_size * janus_bundle.vq.config.downsample
+    assert images.shape == (1, 3, side, side)
     folder_pipe = Pipeline(load_engines(janus_folder, "torch"))
-    assert torch.equal(folder_pipe.generate(PROMPTS, mode="ar", temperature=0.0, decode_images=False).tokens,
-                       ort.generate(PROMPTS, mode="ar", temperature=0.0, decode_images=False).tokens)
+    assert torch.equal(folder_pipe.generate(SHORT_PROMPTS, mode="ar", temperature=0.0, decode_images=False).tokens,
+                       ort.generate(SHORT_PROMPTS, mode="ar", temperature=0.0, decode_images=False).tokens)
 
 
 def test_cli_exports_an_official_folder_and_runs_prompts(official, tmp_path, capsys, monkeypatch):

@@ -62,6 +62,20 @@ def test_every_graph_builds_and_is_recorded(built):
         assert [len(p) for p in entry["profiles"]] == [len(spec.inputs)] * len(entry["profiles"])
 
 
+def test_a_janus_folder_builds(janus_bundle, tmp_path):
+    """Janus-Pro's graphs (prompt ids in, an MLP head, a drafter that mixes guided logits) through the same builder,
+    in half precision, with the network I/O its specs declare."""
+    folder = tmp_path / "janus"
+    export_folder(janus_bundle, folder, precision="fp16", decoding_defaults=SMALL, progress=False)
+    build_folder(folder, "tensorrt-rtx", max_images=2)
+    manifest = read_manifest(folder)
+    assert manifest["model"]["family"] == "janus-pro" and set(manifest["tensorrt-rtx"]["engines"]) == set(GRAPHS)
+    for name in GRAPHS:
+        spec = graph_spec(manifest, name)
+        declared = {t.name: (TRT_TYPES[t.dtype], len(t.shape)) for t in (*spec.inputs, *spec.outputs)}
+        assert network_io(folder / manifest["graphs"][name]["file"]) == declared, name
+
+
 def test_profiles_cover_every_bucket_the_runtime_requests(built):
     manifest = read_manifest(built)
     opts = DecodeOptions.from_dict(manifest["decoding_defaults"])
