@@ -125,3 +125,18 @@ def janus_bundle(tmp_path_factory):
     from tests.janus_reference import small_janus_bundle
 
     return small_janus_bundle(tmp_path_factory.mktemp("janus-drafter"))
+
+
+JANUS_PROMPTS = ["a red cat", "a big dog at the river", "a tree"]  # within the small Janus bundle's 12 prompt slots
+
+
+@pytest.fixture(scope="session")
+def janus_folder(janus_bundle, tmp_path_factory):
+    """An engine folder exported from the small Janus bundle, with the official sampling defaults."""
+    from vvs.families.janus_pro.bundle import DECODING_DEFAULTS
+    from vvs.families.llamagen.exporter import export_folder
+
+    out = tmp_path_factory.mktemp("janus-engines") / "engines-janus"
+    small = {"tree_size": 6, "depth": 2, "draft_top_k": 2, "lantern_k": 4}
+    export_folder(janus_bundle, out, decoding_defaults={**DECODING_DEFAULTS, **small}, progress=False)
+    return out

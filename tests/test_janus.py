@@ -174,18 +174,7 @@ def test_speculative_modes_run_a_janus_target(bundle):
         assert out.tokens.shape == (3, GRID * GRID) and int(out.tokens.max()) < bundle.target.config.vocab_size
 
 
-@pytest.fixture(scope="module")
-def janus_folder(janus_bundle, tmp_path_factory):
-    from vvs.families.janus_pro.bundle import DECODING_DEFAULTS
-    from vvs.families.llamagen.exporter import export_folder
-
-    out = tmp_path_factory.mktemp("janus-engines") / "engines-janus"
-    small = {"tree_size": 6, "depth": 2, "draft_top_k": 2, "lantern_k": 4}
-    export_folder(janus_bundle, out, decoding_defaults={**DECODING_DEFAULTS, **small}, progress=False)
-    return out
-
-
-SHORT_PROMPTS = ["a red cat", "a big dog at the river", "a tree"]  # within the small bundle's 12 prompt slots
+from tests.conftest import JANUS_PROMPTS as SHORT_PROMPTS  # noqa: E402 (within the small bundle's 12 slots)
 
 
 @torch.no_grad()
@@ -224,7 +213,8 @@ def test_cli_exports_an_official_folder_and_runs_prompts(official, tmp_path, cap
 
     folder = official[0]
     out = tmp_path / "engines-janus"
-    for args, message in ((["--model", "janus-pro"], "give --checkpoint, the folder of an official Janus-Pro"),
+    for args, message in ((["--model", "janus-pro", "--checkpoint", folder, "--drafter", "d.safetensors",
+                            "--no-drafter"], "options --drafter and --no-drafter: give one of them"),
                           (["--model", "janus-pro", "--checkpoint", folder, "--precision", "int8"],
                            "SmoothQuant calibration exists for LlamaGen's GPT only"),
                           (["--model", "janus-pro", "--checkpoint", folder / "config.json"], "not a folder")):
@@ -284,3 +274,28 @@ def test_an_image_does_not_depend_on_the_rest_of_its_batch(bundle):
     jobs = [pipe.submit([p], seed=7 + i) for i, p in enumerate(PROMPTS)]  # joins a running batch
     joined = torch.cat([job.result().tokens for job in jobs])
     assert torch.equal(joined, pipe.generate(PROMPTS, seed=7, decode_images=False).tokens)
+
+
+def test_vvs_train_janus_drafter_on_an_official_folder(official, tmp_path, capsys, monkeypatch):
+    """``vvs-train janus-drafter``: codes and prompts in an .npz, a drafter out that the folder's export takes; a
+    dataset of the wrong shape is a one-line error."""
+    import numpy as np
+
+    from tests.conftest import run_cli
+    from vvs.cli.train import main
+
+    folder = official[0]
+    data = tmp_path / "codes.npz"
+    tokens = np.random.default_rng(0).integers(0, 16384, (6, GRID * GRID))
+    np.savez(data, tokens=tokens, prompts=np.array(["a red cat", "a big dog", "a tree"] * 2))
+    code, out, err = run_cli(main, ["janus-drafter", "--checkpoint", folder, "--data", data, "--out",
+                                    tmp_path / "d", "--steps", "3", "--batch", "2"], capsys, monkeypatch)
+    assert code == 0, err
+    from vvs.families.janus_pro.bundle import load_bundle
+
+    bundle = load_bundle(str(folder), str(tmp_path / "d" / "drafter.safetensors"), prompt_tokens=16, grid_size=GRID)
+    assert bundle.drafter.config.hidden_size == bundle.target.config.dim
+    np.savez(data, tokens=tokens[:, :5], prompts=np.array(["a red cat"] * 6))
+    code, _, err = run_cli(main, ["janus-drafter", "--checkpoint", folder, "--data", data, "--out", tmp_path / "e"],
+                           capsys, monkeypatch)
+    assert code == 2 and "tokens must be [M, grid x grid]" in err and err.strip().count("\n") == 0, err

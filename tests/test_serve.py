@@ -252,6 +252,27 @@ def test_prompts_over_http(server, t2i_server, text_folder):
         assert code == 400 and message in data["error"] and "\n" not in data["error"], data
 
 
+def test_janus_prompts_over_http(server, janus_folder):
+    """A Janus-Pro folder (prompts through the target's own tokenizer) deployed beside the others: the model
+    endpoint says it takes prompts, and prompts give the Pipeline's tokens."""
+    from tests.conftest import JANUS_PROMPTS
+
+    serve.run(application(str(janus_folder), backend="onnxruntime", threads=1, max_batch=4), name="janus",
+              route_prefix="/janus")
+    try:
+        client = Client(server + "/janus", timeout=120)
+        model = client.model()
+        assert model["prompts"] is True and model["model_type"] == "t2i" and model["caption_dim"] == 0
+        result = client.generate(JANUS_PROMPTS, mode="sd", seed=5, decode=False)
+        alone = Pipeline(load_engines(janus_folder, "onnxruntime", threads=1)).generate(
+            JANUS_PROMPTS, mode="sd", seed=5, decode_images=False)
+        assert result.tokens == alone.tokens.tolist()
+        code, data = _post(server + "/janus/v1/generate", json.dumps({"conditions": ["a cat " * 20]}).encode())
+        assert code == 400 and "this folder takes at most 12" in data["error"], data
+    finally:
+        serve.delete("janus")
+
+
 def test_names_the_cli_takes_are_taken_over_http(server, local):
     """One vocabulary: the mode names and class names of ``vvs-run`` work in a request as they do there."""
     code, data = _post(server + "/v1/generate", json.dumps({"conditions": ["great white shark", "2"], "seed": 4,

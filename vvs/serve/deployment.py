@@ -50,6 +50,8 @@ class VVSServer:
         self.class_names = manifest["model"].get("classes") or []
         family = family_of(manifest)
         text = family.condition_kind(manifest) == "text"
+        self.prompts = "text" in manifest or "prompts" in manifest  # a text encoder, or the target's own tokenizer
+        self.num_classes = 0 if text else family.num_classes(manifest)
         self.served = ServedModel(f"{family.name}-{'t2i' if text else 'c2i'}", manifest["model"].get("image_size", 0),
                                   text, max_images, type(self.pipe.options))
         self.modes = [{"name": name, "exact": opts.exact} for name, opts in self._runnable_modes()]
@@ -150,10 +152,11 @@ class VVSServer:
     async def model(self, request: Request) -> JSONResponse:
         cfg = self.pipe.engines.target
         text = self.served.text_conditional
-        return JSONResponse({"model_type": cfg.model_type, "num_classes": 0 if text else cfg.num_classes,
+        return JSONResponse({"model_type": "t2i" if text else "c2i", "num_classes": self.num_classes,
                              "caption_slots": cfg.cls_token_num if text else 0,
-                             "caption_dim": cfg.caption_dim if text else 0,
-                             "prompts": self.pipe.engines.text is not None, "class_names": self.class_names,
+                             # caption embeddings are an input of LlamaGen's t2i targets only; others read prompts
+                             "caption_dim": getattr(cfg, "caption_dim", 0) if text else 0,
+                             "prompts": self.prompts, "class_names": self.class_names,
                              "image_tokens": cfg.num_image_tokens, "backend": self.pipe.engines.backend,
                              "max_images": self.served.max_images, "default_options": self.pipe.options.to_dict(),
                              "modes": self.modes})

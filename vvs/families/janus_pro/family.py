@@ -38,8 +38,8 @@ FAMILY = Family(
     instruments=f"{L}.engines:quality_instruments",
     tensorrt_profiles=f"{L}.exporter:tensorrt_profiles",
     target_arch=f"{M}.arch:ARCH",
+    serve=True,
+    train_commands=(f"{M}.commands:train_janus_cmd", f"{M}.commands:train_janus_drafter_cmd"),
     instead={"scale": "Janus-Pro has no scale runs yet: measure a folder exported from an official checkpoint",
-             "tune": "tunes draft trees of LlamaGen folders; for Janus-Pro folders compare tree shapes with --sweep",
-             "serve": "vvs-serve serves LlamaGen folders so far (run Janus-Pro folders with vvs-run, vvs-bench or "
-                      "vvs.runtime.pipeline.Pipeline)"},
+             "tune": "tunes draft trees of LlamaGen folders; for Janus-Pro folders compare tree shapes with --sweep"},
 )

@@ -87,6 +87,8 @@ class JanusConfig:
 JANUS_SIZES: dict[str, dict] = {
     "Janus-Pro-1B": dict(dim=2048, n_layer=24, n_head=16, ffn_hidden=5632),
     "Janus-Pro-7B": dict(dim=4096, n_layer=30, n_head=32, ffn_hidden=11008),
+    # the model vvs ships (docs/shipped_model.md); its tokenizer numbers the special tokens
+    "Janus-vvs-S": dict(dim=192, n_layer=10, n_head=6, ffn_hidden=512, grid_size=16),
     # unit tests
     "Janus-tiny": dict(dim=64, n_layer=2, n_head=4, ffn_hidden=96, text_vocab_size=300, vocab_size=256,
                        grid_size=4, cls_token_num=12, bos_id=1, pad_id=2, boi_id=3),

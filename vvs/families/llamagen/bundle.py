@@ -14,7 +14,8 @@ from vvs.models.vq import VQModel, vq_config
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "weights"  # the shipped model set, every family's
 SHIPPED = {"target": "target.safetensors", "drafter": "drafter.safetensors", "vq": "vq.safetensors",
            "t2i_target": "t2i_target.safetensors", "t2i_drafter": "t2i_drafter.safetensors",
-           "text_encoder": "text_encoder/model.safetensors"}
+           "text_encoder": "text_encoder/model.safetensors", "janus_target": "janus_target.safetensors",
+           "janus_drafter": "janus_drafter.safetensors", "janus_tokenizer": "janus_tokenizer.json"}
 
 
 @dataclass
@@ -51,7 +52,7 @@ class ModelBundle:
 
 def shipped_info(name: str = "shipped.json") -> dict:
     """``shipped.json``: configs, classes, licences, metrics and sha256 of the shipped weights
-    (``shipped_t2i.json``: the text-to-image pair's)."""
+    (``shipped_t2i.json``: the text-to-image pair's; ``shipped_janus.json``: the Janus-Pro pair's)."""
     import json
 
     path = SHIPPED_DIR / name
