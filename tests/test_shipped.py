@@ -178,3 +178,30 @@ def test_t2i_images_show_what_their_prompt_describes(t2i_samples, classifier):
     from it (chance: 1/16)."""
     photos, gen = t2i_samples
     assert accuracy(classifier, gen.images, photos) > T2I_GENERATED_BAR
+
+
+# ----------------------------------------------------------------------------- the Janus-Pro pair
+
+JANUS_GENERATED_BAR = 0.5  # bench/t2i_quality.py --engine engines-janus: 0.78 (first captions, 16 x 2 images)
+
+
+def test_janus_weights_match_their_description():
+    from vvs.families.janus_pro.bundle import load_bundle as load_janus_bundle
+
+    info = shipped_info("shipped_janus.json")
+    for entry in info["files"].values():
+        assert sha256(SHIPPED_DIR / entry["file"]) == entry["sha256"]
+    assert info["captions"] == shipped_info("shipped_t2i.json")["captions"]  # the same data as the t2i pair
+    bundle = load_janus_bundle()
+    assert bundle.family == "janus-pro" and bundle.target.config.vocab_size == bundle.vq.config.codebook_size
+
+
+def test_janus_images_show_what_their_prompt_describes(classifier):
+    """The shipped Janus-Pro pair's AR images from each photograph's first caption, as for the t2i pair."""
+    from vvs.families.janus_pro.bundle import load_bundle as load_janus_bundle
+
+    info = shipped_info("shipped_janus.json")
+    prompts = [info["captions"][p.name][0] for p in PHOTOS]
+    opts = DecodeOptions.from_dict(info["decoding_defaults"]).updated(mode="ar")
+    gen = Pipeline(torch_engines(load_janus_bundle()), opts).generate(prompts, seed=0)
+    assert accuracy(classifier, gen.images, torch.arange(len(PHOTOS))) > JANUS_GENERATED_BAR

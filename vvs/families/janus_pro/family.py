@@ -29,7 +29,8 @@ FAMILY = Family(
         *EXPORT_OPTIONS,
         click.Option(["--prompt-tokens"], type=click.IntRange(4, 4096), default=64, show_default=True,
                      help="The longest prompt the folder takes, in tokens with the chat template (shorter ones are "
-                          "left-padded): the target's prompt slots."),
+                          "left-padded): the target's prompt slots. For --checkpoint folders; the shipped pair has "
+                          "its own 48."),
     ),
     decoding_flags=DECODING_FLAGS,
     export=f"{M}.bundle:export_from_options",
