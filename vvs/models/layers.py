@@ -138,6 +138,55 @@ def _attend_chunks(q, keys, values, mask):
     return sum(p @ value for p, value in zip(probs.split(sizes, dim=-1), values))
 
 
+class LlamaAttention(nn.Module):
+    """Attention with Hugging Face Llama's parameter names (``q_proj`` ... ``o_proj``, no biases): Janus-Pro's
+    language model and the EAGLE drafter."""
+
+    def __init__(self, dim: int, n_head: int):
+        super().__init__()
+        self.n_head, self.head_dim = n_head, dim // n_head
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, dim, bias=False)
+        self.v_proj = nn.Linear(dim, dim, bias=False)
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x, rope, mask, past_kv):
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, self.n_head, self.head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
+        out, new_kv = attend(apply_rope(q, *rope), apply_rope(k, *rope), v, past_kv, mask)
+        return self.o_proj(out), new_kv
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaLayer(nn.Module):
+    """A Hugging Face Llama decoder layer. ``input_norm=False`` leaves out the norm before attention (an EAGLE
+    drafter's first layer, whose fused input is not normalised); the module then has no ``input_layernorm``."""
+
+    def __init__(self, dim: int, n_head: int, hidden: int, eps: float, input_norm: bool = True):
+        super().__init__()
+        self.self_attn = LlamaAttention(dim, n_head)
+        self.mlp = LlamaMLP(dim, hidden)
+        if input_norm:
+            self.input_layernorm = RMSNorm(dim, eps)
+        self.post_attention_layernorm = RMSNorm(dim, eps)
+
+    def forward(self, x, rope, mask, past_kv):
+        normed = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
+        attn, new_kv = self.self_attn(normed, rope, mask, past_kv)
+        h = x + attn
+        return h + self.mlp(self.post_attention_layernorm(h)), new_kv
+
+
 def ffn_hidden_size(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
     """LlamaGen's SwiGLU width: int(2 * 4 * dim / 3), optionally scaled, rounded up to ``multiple_of``."""
     hidden = int(2 * 4 * dim / 3)

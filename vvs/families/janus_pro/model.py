@@ -18,7 +18,7 @@ from torch import nn
 
 from vvs.export.spec import TensorSpec
 from vvs.families.llamagen.gpt import GPTOutput
-from vvs.models.layers import RMSNorm, Rotary, apply_rope, attend, causal_mask, rope_1d_table
+from vvs.models.layers import LlamaLayer, RMSNorm, Rotary, causal_mask, rope_1d_table
 
 
 @dataclass(frozen=True)
@@ -114,54 +114,14 @@ def guidance_null(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
 # --------------------------------------------------------------------------- the language model (Llama)
 
 
-class LlamaAttention(nn.Module):
-    def __init__(self, config: JanusConfig):
-        super().__init__()
-        d, self.n_head, self.head_dim = config.dim, config.n_head, config.head_dim
-        self.q_proj = nn.Linear(d, d, bias=False)
-        self.k_proj = nn.Linear(d, d, bias=False)
-        self.v_proj = nn.Linear(d, d, bias=False)
-        self.o_proj = nn.Linear(d, d, bias=False)
-
-    def forward(self, x, rope, mask, past_kv):
-        b, t, _ = x.shape
-        q, k, v = (p(x).view(b, t, self.n_head, self.head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
-        out, new_kv = attend(apply_rope(q, *rope), apply_rope(k, *rope), v, past_kv, mask)
-        return self.o_proj(out), new_kv
-
-
-class LlamaMLP(nn.Module):
-    def __init__(self, config: JanusConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.dim, config.ffn_hidden, bias=False)
-        self.up_proj = nn.Linear(config.dim, config.ffn_hidden, bias=False)
-        self.down_proj = nn.Linear(config.ffn_hidden, config.dim, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class LlamaLayer(nn.Module):
-    def __init__(self, config: JanusConfig):
-        super().__init__()
-        self.self_attn = LlamaAttention(config)
-        self.mlp = LlamaMLP(config)
-        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
-
-    def forward(self, x, rope, mask, past_kv):
-        attn, new_kv = self.self_attn(self.input_layernorm(x), rope, mask, past_kv)
-        h = x + attn
-        return h + self.mlp(self.post_attention_layernorm(h)), new_kv
-
-
 class LlamaBody(nn.Module):
     """``LlamaModel``'s weights: text embeddings, layers, final norm."""
 
     def __init__(self, config: JanusConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.text_vocab_size, config.dim)
-        self.layers = nn.ModuleList(LlamaLayer(config) for _ in range(config.n_layer))
+        self.layers = nn.ModuleList(LlamaLayer(config.dim, config.n_head, config.ffn_hidden, config.norm_eps)
+                                    for _ in range(config.n_layer))
         self.norm = RMSNorm(config.dim, config.norm_eps)
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from vvs.families.llamagen.gpt import GPTConfig
-from vvs.models.layers import RMSNorm, apply_rope, attend
+from vvs.models.layers import LlamaLayer
 
 
 @dataclass(frozen=True)
@@ -90,50 +90,6 @@ class DrafterConfig:
         return asdict(self)
 
 
-class DrafterAttention(nn.Module):
-    def __init__(self, config: DrafterConfig):
-        super().__init__()
-        d, self.n_head, self.head_dim = config.hidden_size, config.num_attention_heads, config.head_dim
-        self.q_proj = nn.Linear(d, d, bias=False)
-        self.k_proj = nn.Linear(d, d, bias=False)
-        self.v_proj = nn.Linear(d, d, bias=False)
-        self.o_proj = nn.Linear(d, d, bias=False)
-
-    def forward(self, x, rope, mask, past_kv):
-        b, t, _ = x.shape
-        q, k, v = (p(x).view(b, t, self.n_head, self.head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
-        out, new_kv = attend(apply_rope(q, *rope), apply_rope(k, *rope), v, past_kv, mask)
-        return self.o_proj(out), new_kv
-
-
-class DrafterMLP(nn.Module):
-    def __init__(self, config: DrafterConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DrafterLayer(nn.Module):
-    def __init__(self, config: DrafterConfig, index: int):
-        super().__init__()
-        self.self_attn = DrafterAttention(config)
-        self.mlp = DrafterMLP(config)
-        # EAGLE: the fused input is not normalised before the first layer's attention.
-        if index > 0:
-            self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, x, rope, mask, past_kv):
-        normed = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
-        attn, new_kv = self.self_attn(normed, rope, mask, past_kv)
-        h = x + attn
-        return h + self.mlp(self.post_attention_layernorm(h)), new_kv
-
-
 class DrafterOutput(NamedTuple):
     hidden: torch.Tensor  # [B, T, D]; logits = target.head(hidden)
     new_kv: torch.Tensor  # [num_hidden_layers, 2, B, H, T, hd]
@@ -151,7 +107,10 @@ class Drafter(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # a frozen copy of the target's table
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
-        self.layers = nn.ModuleList(DrafterLayer(config, i) for i in range(config.num_hidden_layers))
+        # EAGLE: the fused input is not normalised before the first layer's attention
+        self.layers = nn.ModuleList(
+            LlamaLayer(config.hidden_size, config.num_attention_heads, config.intermediate_size, config.rms_norm_eps,
+                       input_norm=i > 0) for i in range(config.num_hidden_layers))
         self.rotary = target.rotary()
         for m in self.modules():
             if isinstance(m, nn.Linear):
