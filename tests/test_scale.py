@@ -1,6 +1,7 @@
 """Speed at official sizes: function-preserving inflation (the same tokens at GPT-B's widths and depth), the
 drafter's per-node proposals, the vectorised acceptance walk against the sequential one, and ``vvs-bench --scale``."""
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -228,8 +229,9 @@ def test_vectorised_acceptance_equals_the_sequential_walk(relaxed):
 
 
 def test_bench_scale_runs_an_inflated_folder(tiny_folder, tmp_path, capsys, monkeypatch):
-    """``vvs-bench --scale GPT-B``: exports the inflated folder once beside the source, runs every requested mode
-    there with the source pair's tokens (greedy), labels the numbers, and refuses what it cannot do."""
+    """``vvs-bench --scale GPT-B:4``: exports the inflated folder (GPT-B's width, 4 of its layers) once beside the
+    source, runs every requested mode there with the source pair's tokens (greedy), labels the numbers with the
+    depth extrapolation, and refuses what it cannot do."""
     import shutil
 
     from vvs.cli.bench import main as bench_main
@@ -239,12 +241,17 @@ def test_bench_scale_runs_an_inflated_folder(tiny_folder, tmp_path, capsys, monk
     out = tmp_path / "bench"
     args = ["--engine", folder, "--backend", "onnxruntime", "--mode", "ar,vvs", "--num-images", "2", "--num-seeds", "1",
             "--temperature", "0", "--out", out]
-    code, stdout, err = run_cli(bench_main, [*args, "--scale", "GPT-B"], capsys, monkeypatch)
+    code, stdout, err = run_cli(bench_main, [*args, "--scale", "GPT-B:4"], capsys, monkeypatch)
     assert code == 0, err
-    assert "measured at GPT-B compute cost (a target of 12 layers x 12 heads x 768 wide" in stdout
+    # GPT-B's width at 4 of its 12 layers: the target's time extrapolated by its parameters (head : one layer)
+    layer, head = 4 * 768**2 + 3 * 768 * 2048 + 2 * 768, 768 * 16384 + 768
+    assert "measured at GPT-B compute cost (a target of 4 layers x 12 heads x 768 wide" in stdout
+    assert ("the target's time extrapolated linearly in depth from 4 to its 12 layers "
+            f"(x{(head + 12 * layer) / (head + 4 * layer):.3f})") in stdout
     scaled = json.loads((out / "results.json").read_text())
-    manifest = json.loads((tmp_path / "engines-scale" / "GPT-B" / "manifest.json").read_text())
-    assert manifest["model"]["target"]["dim"] == 768
+    manifest = json.loads((tmp_path / "engines-scale" / "GPT-B-4" / "manifest.json").read_text())
+    assert (manifest["model"]["target"]["dim"], manifest["model"]["target"]["n_layer"]) == (768, 4)
+    assert manifest["model"]["inflated"]["target_time_scale"] == pytest.approx((head + 12 * layer) / (head + 4 * layer))
     assert manifest["decoding_defaults"]["tree_size"] == SMALL["tree_size"]
     code, _, _ = run_cli(bench_main, args, capsys, monkeypatch)
     small = json.loads((out / "results.json").read_text())
@@ -254,11 +261,132 @@ def test_bench_scale_runs_an_inflated_folder(tiny_folder, tmp_path, capsys, monk
         assert a["target_forwards_per_image"] == b["target_forwards_per_image"]
     # the inflated folder on ONNX Runtime, sampled with both filters: the source's tokens in every kind of mode
     assert manifest["model"]["target"]["vocab_size"] == 16384
-    pipes = [Pipeline(load_engines(f, "onnxruntime")) for f in (folder, tmp_path / "engines-scale" / "GPT-B")]
+    pipes = [Pipeline(load_engines(f, "onnxruntime")) for f in (folder, tmp_path / "engines-scale" / "GPT-B-4")]
     for mode in ("sd", "vvs", "sjd"):
         tokens = [p.generate([1, 3], mode=mode, temperature=1.0, top_k=10, top_p=0.8, cfg_scale=2.0, seed=3,
                              decode_images=False).tokens for p in pipes]
         assert torch.equal(*tokens), mode
-    for bad, message in ((["--scale", "GPT-Q"], "choose one of GPT-B"), (["--scale", "GPT-B", "--tune"], "--tune")):
+    for bad, message in ((["--scale", "GPT-Q"], "choose one of GPT-B"), (["--scale", "GPT-B", "--tune"], "--tune"),
+                         (["--scale", "GPT-B:1"], "take 2 (the source's depth) to 12 layers"),
+                         (["--scale", "GPT-B:x"], "optionally with :LAYERS")):
         code, _, err = run_cli(bench_main, [*args, *bad], capsys, monkeypatch)
         assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_a_size_that_does_not_fit_runs_at_the_deepest_depth_that_does():
+    """Janus-Pro-7B's float32 folder needs about four copies of its target's weights (two ONNX Runtime sessions, each
+    prepacked): the depth chosen is the largest that fits 80 % of the memory, never below the source's; none fits:
+    None."""
+    from vvs.families.janus_pro.inflate import inflated_config as janus_inflated
+    from vvs.families.janus_pro.model import JanusGen, janus_config
+    from vvs.families.llamagen.scale import FOLDER_COPIES, fitting_depth, total_parameters
+
+    full = janus_inflated(janus_config("Janus-vvs-S"), "Janus-Pro-7B")
+    assert full.n_layer == 30
+    per_layer = total_parameters(JanusGen, full) - total_parameters(JanusGen, replace(full, n_layer=29))
+    at_12 = total_parameters(JanusGen, replace(full, n_layer=12))
+    memory = int(at_12 * 4 * FOLDER_COPIES / 0.8) + 1
+    assert fitting_depth(JanusGen, full, 10, memory) == 12
+    assert fitting_depth(JanusGen, full, 10, memory + int(per_layer * 4 * FOLDER_COPIES / 0.8)) == 13
+    assert fitting_depth(JanusGen, full, 10, 10**15) == 30
+    assert fitting_depth(JanusGen, full, 13, memory) is None
+
+
+def test_the_target_time_scale_multiplies_the_target_seconds_only():
+    """``run_benchmark``'s extrapolation on fixed statistics (a stand-in pipeline that returns them, so the times are
+    known): target seconds x3, drafter and runtime seconds unchanged, the speed-up recomputed from the sums."""
+    from types import SimpleNamespace
+
+    from vvs.bench import make_settings, run_benchmark
+    from vvs.runtime.stats import ImageStats
+
+    class FixedPipeline:
+        def options_for(self, **overrides):
+            return None
+
+        def generate(self, labels, seed, decode_images=True, **overrides):
+            draft = 0.5 if overrides.get("mode") == "vvs" else 0.0
+            stats = [ImageStats(tokens=16, target_forwards=8, draft_seconds=draft, verify_seconds=1.0,
+                                other_seconds=0.25) for _ in labels]
+            return SimpleNamespace(tokens=torch.zeros(len(labels), 4), images=torch.zeros(len(labels), 3, 2, 2),
+                                   stats=stats)
+
+    results, _ = run_benchmark(FixedPipeline(), make_settings(["ar", "vvs"], {}), [0, 1], 1, 1, progress=False,
+                               target_time_scale=3.0)
+    ar, vvs = results["modes"]["ar"], results["modes"]["vvs"]
+    assert ar["seconds_per_image"]["median"] == 3.25 and vvs["seconds_per_image"]["median"] == 3.75
+    assert (vvs["verify_seconds_per_image"], vvs["draft_seconds_per_image"]) == (3.0, 0.5)
+    assert vvs["speedup_vs_ar"] == pytest.approx(3.25 / 3.75)
+
+
+def _janus_logits(bundle, ids, mask, tokens):
+    """Target logits over ``[prompt ‖ codes]`` and the drafter's logits at the codes' positions."""
+    from vvs.models.layers import caption_causal_mask
+
+    seen = torch.cat([mask, torch.ones_like(tokens, dtype=torch.bool)], 1)
+    out = bundle.target.teacher_forced(ids, tokens, caption_causal_mask(seen, seen.shape[1]))
+    c, n = ids.shape[1], tokens.shape[1]
+    positions = torch.arange(c, c + n).expand(len(tokens), -1)
+    drafted = bundle.drafter(out.hidden[:, c - 1 : c - 1 + n], tokens, positions, causal_mask(n))
+    return out, bundle.target.head(drafted.hidden)
+
+
+@pytest.fixture(scope="module")
+def janus_1b(janus_bundle):
+    """The tiny Janus pair at Janus-Pro-1B's width (2,048, 16 heads of 128: eight times the tiny head dimension),
+    feed-forward 5,632 and 16,384-code head, at the tiny pair's 2 layers."""
+    from vvs.families.janus_pro.inflate import inflate_bundle as inflate_janus
+
+    return inflate_janus(janus_bundle, "Janus-Pro-1B", n_layer=2)
+
+
+@torch.no_grad()
+def test_inflated_janus_pair_computes_the_same_function(janus_bundle, janus_1b, monkeypatch):
+    """Target and drafter logits of the tiny Janus pair at Janus-Pro-1B's width equal the tiny pair's to float
+    rounding over its codes, with left-padded prompts; the padded stream channels are exact zeros. Mapping the
+    rotary pairs as LlamaGen's interleaved 2-D layout instead breaks it."""
+    from conftest import JANUS_PROMPTS
+    import vvs.families.janus_pro.inflate as janus_inflate
+    from vvs.families.janus_pro.prompts import PromptIds
+    from vvs.models.inflation import Inflater, head_channels
+
+    cfg = janus_1b.target.config
+    assert (cfg.dim, cfg.n_head, cfg.ffn_hidden, cfg.vocab_size, cfg.n_layer) == (2048, 16, 5632, 16384, 2)
+    assert cfg.sampled_ids == range(256) and janus_1b.drafter.config.intermediate_size == 5632
+    ids, mask = PromptIds.from_file(janus_bundle.tokenizer, janus_bundle.target.config).encode(JANUS_PROMPTS)
+    tokens = torch.randint(0, 256, (3, 10), generator=torch.Generator().manual_seed(0))
+    (a, da), (b, db) = (_janus_logits(x, ids, mask, tokens) for x in (janus_bundle, janus_1b))
+    assert (a.logits - b.logits[..., :256]).abs().max() < 1e-5 * a.logits.abs().max()
+    assert (da - db[..., :256]).abs().max() < 1e-5 * da.abs().max()
+    assert torch.equal(b.hidden[..., 64:], torch.zeros_like(b.hidden[..., 64:]))
+    assert janus_1b.target.gen_head.vision_head.weight[256:].abs().min() > 0  # real arithmetic on the extra codes
+
+    def interleaved(small, big, seed):
+        heads = head_channels(small.n_head, small.head_dim, big.head_dim, interleaved=True, blocks=1)
+        return Inflater(small.dim, big.dim, heads, small.head_dim, big.head_dim, seed)
+
+    monkeypatch.setattr(janus_inflate, "inflater", interleaved)
+    wrong = janus_inflate.inflate_target(janus_bundle.target, "Janus-Pro-1B", n_layer=2)
+    c = _janus_logits(replace(janus_bundle, target=wrong, drafter=janus_1b.drafter), ids, mask, tokens)[0]
+    assert (a.logits - c.logits[..., :256]).abs().max() > 1e-3 * a.logits.abs().max()
+
+
+def test_inflated_janus_pair_decodes_the_tiny_pairs_tokens(janus_bundle, janus_1b):
+    """The real loop with guidance, sampled with both filters: VVS over a tree and SJD give the tiny pair's tokens,
+    target forwards and skips at Janus-Pro-1B's width."""
+    from conftest import JANUS_PROMPTS
+
+    opts = DecodeOptions(mode="vvs", cfg_scale=5.0, lantern_k=4, skip_interval=2, tree_size=6, depth=2,
+                         draft_top_k=2, temperature=1.0, top_k=50, top_p=0.9)
+    got = {}
+    for name, bundle in (("tiny", janus_bundle), ("1b", janus_1b)):
+        pipe = Pipeline(torch_engines(bundle), opts, max_batch=3)
+        try:
+            got[name] = [pipe.generate(JANUS_PROMPTS, seed=1, decode_images=False, mode=m) for m in ("vvs", "sjd")]
+        finally:
+            pipe.close()
+    for small, big in zip(got["tiny"], got["1b"]):
+        assert torch.equal(small.tokens, big.tokens)
+        assert [(s.target_forwards, s.skipped_verifications) for s in small.stats] == \
+            [(s.target_forwards, s.skipped_verifications) for s in big.stats]
+    assert got["tiny"][0].stats[0].skipped_verifications > 0

@@ -97,9 +97,12 @@ def spread(values: list[float]) -> dict:
 
 
 def run_benchmark(pipe: Pipeline, settings: list[Setting], classes: list, seeds: int, batch_size: int,
-                  instruments=None, progress: bool = True, base_seed: int = 0) -> tuple[dict, dict[str, torch.Tensor]]:
+                  instruments=None, progress: bool = True, base_seed: int = 0,
+                  target_time_scale: float = 1.0) -> tuple[dict, dict[str, torch.Tensor]]:
     """Returns ``(results, first-seed images per setting)``. ``classes``: class ids, or prompts for a
-    text-conditional folder. Seed set j gives image i seed ``base_seed + 1000 j + i``."""
+    text-conditional folder. Seed set j gives image i seed ``base_seed + 1000 j + i``. ``target_time_scale``
+    multiplies each image's target seconds (a scale folder with fewer layers than its size: the extrapolation to
+    the full depth)."""
     for s in settings:  # validate every setting before spending time
         pipe.options_for(**s.overrides)
     labels = as_conditions(classes)
@@ -117,6 +120,9 @@ def run_benchmark(pipe: Pipeline, settings: list[Setting], classes: list, seeds:
                 tokens, images, stats = [], [], []
                 for i in range(0, len(labels), batch_size):
                     g = pipe.generate(labels[i : i + batch_size], seed=base_seed + seed * 1000 + i, **s.overrides)
+                    for st in g.stats:
+                        st.verify_seconds *= target_time_scale
+                        st.seconds = st.draft_seconds + st.verify_seconds + st.other_seconds
                     tokens.append(g.tokens)
                     images.append(g.images)
                     stats += g.stats

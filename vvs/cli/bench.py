@@ -41,10 +41,12 @@ from vvs.runtime.options import OptionsError
 @with_decoding_options
 @click.option("--threads", type=click.IntRange(1, 1024), default=None, help="CPU threads for the backend.")
 @click.option("--tune", is_flag=True, help="Tune tree and skip interval for this machine and save them as defaults.")
-@click.option("--scale", default=None, metavar="SIZE",
-              help="Measure at an official size's compute cost (GPT-B, GPT-L, GPT-XL, ...): the folder's target and "
-                   "drafter are inflated to SIZE, computing the same tokens, and exported once to "
-                   "<engine>-scale/SIZE; acceptance stays the folder's pair's, the code vocabulary its own.")
+@click.option("--scale", default=None, metavar="SIZE[:LAYERS]",
+              help="Measure at an official size's compute cost (GPT-B ... GPT-XL, Janus-Pro-1B, Janus-Pro-7B): the "
+                   "folder's target and drafter are inflated to SIZE, computing the same tokens, and exported once "
+                   "to <engine>-scale/SIZE; acceptance stays the folder's pair's (its codes are the only ones "
+                   "sampled from the official head). A size that does not fit in memory, or :LAYERS, runs at its "
+                   "width with fewer layers and extrapolates the target's time to the full depth.")
 @click.option("--out", type=click.Path(file_okay=False), default="bench-results", show_default=True,
               help="Folder for results.json, table.md, pareto.png and sample grids.")
 def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, num_images, seed, num_seeds,
@@ -58,10 +60,10 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
 
     manifest = read_manifest(Path(engine_dir))
     family = family_of(manifest)
-    if scale is not None and (tune or family.scale is None or scale not in family.scale_sizes):
+    if scale is not None and (tune or family.scale is None or scale.partition(":")[0] not in family.scale_sizes):
         raise VVSError(f"option --scale {scale!r}: " + (
             "tune on the folder itself (--tune), then measure the tuned defaults with --scale" if tune else
-            family.instead.get("scale", f"{family.label} folders have no scale runs") if family.scale is None else f"choose one of {', '.join(family.scale_sizes)}"))
+            family.instead.get("scale", f"{family.label} folders have no scale runs") if family.scale is None else f"choose one of {', '.join(family.scale_sizes)}, optionally with :LAYERS"))
     if tune and family.tune is None:
         raise VVSError(f"option --tune: {family.instead.get('tune', f'{family.label} folders have no tuner')}")
     ensure_writable_dir(Path(out))
@@ -99,7 +101,9 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
         family.call("write_defaults", Path(engine_dir), best.to_dict(), record)
         click.echo(f"saved as the defaults of {engine_dir}/manifest.json")
         pipe.options = best
-    results, samples = run_benchmark(pipe, settings, labels, num_seeds, batch_size, instruments, base_seed=seed)
+    inflated = read_manifest(Path(engine_dir))["model"].get("inflated", {})
+    results, samples = run_benchmark(pipe, settings, labels, num_seeds, batch_size, instruments, base_seed=seed,
+                                     target_time_scale=inflated.get("target_time_scale", 1.0))
     described = family.call("describe_scale", read_manifest(Path(engine_dir))) if family.describe_scale else None
     results.update({"engine": str(engine_dir), "backend": engines.backend, "machine": machine(),
                     "num_images": num_images, "seed": seed, "num_seeds": num_seeds, "batch_size": batch_size,

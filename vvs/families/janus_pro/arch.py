@@ -5,7 +5,7 @@ from pathlib import Path
 
 from vvs.errors import VVSError
 from vvs.families.janus_pro.loading import load_janus
-from vvs.families.janus_pro.model import JanusConfig
+from vvs.families.janus_pro.model import JanusConfig, JanusGen
 from vvs.families.janus_pro.prompts import PromptConditioning, PromptIds
 from vvs.families.llamagen.arch import TargetArch
 
@@ -16,4 +16,5 @@ def _conditioning(config: JanusConfig, tables: dict, model_info: dict, tokenizer
     return PromptConditioning(PromptIds.from_file(tokenizer, config))
 
 
-ARCH = TargetArch("janus-pro", "janus", JanusConfig, load_janus, _conditioning)
+ARCH = TargetArch("janus-pro", "janus", JanusConfig, load_janus, _conditioning, model=JanusGen,
+                  inflation="vvs.families.janus_pro.inflate")

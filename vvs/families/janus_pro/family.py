@@ -8,6 +8,7 @@ from vvs.families.base import Family
 from vvs.families.llamagen.family import BENCH_MODES, DECODING_FLAGS, EXPORT_OPTIONS, MODE_HELP
 from vvs.runtime.options import DecodeOptions
 
+SCALE_SIZES = ("Janus-Pro-1B", "Janus-Pro-7B")  # vvs-bench --scale
 M = "vvs.families.janus_pro"
 L = "vvs.families.llamagen"
 
@@ -39,8 +40,10 @@ FAMILY = Family(
     instruments=f"{L}.engines:quality_instruments",
     tensorrt_profiles=f"{L}.exporter:tensorrt_profiles",
     target_arch=f"{M}.arch:ARCH",
+    scale=f"{L}.scale:scale_folder",
+    scale_sizes=SCALE_SIZES,
+    describe_scale=f"{L}.scale:describe",
     serve=True,
     train_commands=(f"{M}.commands:train_janus_cmd", f"{M}.commands:train_janus_drafter_cmd"),
-    instead={"scale": "Janus-Pro has no scale runs yet: measure a folder exported from an official checkpoint",
-             "tune": "tunes draft trees of LlamaGen folders; for Janus-Pro folders compare tree shapes with --sweep"},
+    instead={"tune": "tunes draft trees of LlamaGen folders; for Janus-Pro folders compare tree shapes with --sweep"},
 )

@@ -16,7 +16,7 @@ from typing import Callable
 from torch import nn
 
 from vvs.families.llamagen.conditions import conditioning
-from vvs.families.llamagen.gpt import GPTConfig
+from vvs.families.llamagen.gpt import GPT, GPTConfig
 from vvs.families.llamagen.loading import load_gpt
 
 
@@ -30,10 +30,14 @@ class TargetArch:
     # tables holds a t2i target's "null_condition"
     conditioning: Callable[..., object]
     int8: bool = False  # vvs.calib.int8's SmoothQuant knows its layers (vvs-export --precision int8)
+    model: type | None = None  # the target's module class (built from a config)
+    # vvs-bench --scale: a module with SIZES and inflated_config / inflate_bundle(small, size, n_layer)
+    inflation: str | None = None
 
 
 def _conditioning(config: GPTConfig, tables: dict, model_info: dict, tokenizer: Path | None):
     return conditioning(config, tables.get("null_condition"), model_info.get("classes", ()))
 
 
-ARCH = TargetArch("llamagen", "gpt", GPTConfig, load_gpt, _conditioning, int8=True)
+ARCH = TargetArch("llamagen", "gpt", GPTConfig, load_gpt, _conditioning, int8=True, model=GPT,
+                  inflation="vvs.families.llamagen.inflate")

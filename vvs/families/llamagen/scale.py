@@ -1,54 +1,129 @@
-"""``vvs-bench --scale SIZE``: the decoding modes at an official size's compute cost, with a trained pair's
-acceptance.
+"""``vvs-bench --scale SIZE[:LAYERS]``: the decoding modes at an official size's compute cost, with a trained pair's
+acceptance, for every family on the LlamaGen machinery (its ``TargetArch.inflation`` module names the sizes and
+inflates a pair).
 
-The engine folder's target and drafter are inflated to ``SIZE`` (:mod:`vvs.families.llamagen.inflate`: the same function at
-the official widths and depth, so the same tokens and the same acceptance) and exported once into a sibling folder,
-``<engine>-scale/<SIZE>``, reused while the source weights are the same. The benchmark then runs there like on any
-engine folder. What the numbers are, said wherever they are printed: seconds at that size's per-call costs, with
-the source pair's acceptance, with the official vocabulary's LM head (16,384 codes, of which only the source's
-codes are ever sampled).
+The engine folder's target and drafter are inflated to ``SIZE`` (the same function at the official widths and
+depth, so the same tokens and the same acceptance; :mod:`vvs.models.inflation`) and exported once into a sibling
+folder, ``<engine>-scale/<SIZE>``, reused while the source weights are the same. The benchmark then runs there like
+on any engine folder.
+
+A size whose folder does not fit in memory (Janus-Pro-7B's 30 layers are 26 GB in float32, and ONNX Runtime holds
+about four copies: the prefill and verify graphs, each with its prepacked weights) is exported at its width with fewer layers — the deepest that fits, at
+least the source's depth, or ``LAYERS`` — and the target's share of each image's time is extrapolated linearly in
+depth to the full size: a target call multiplies every weight of every layer and of the head once per position,
+so its time is ``a + b·layers`` with ``a : b`` the head's parameters to one layer's.
 """
 from __future__ import annotations
 
+import os
+from dataclasses import replace
+from importlib import import_module
 from pathlib import Path
+
+import torch
+from torch import nn
 
 from vvs.engines.manifest import MANIFEST, TORCH_WEIGHTS, read_manifest
 from vvs.errors import VVSError
-from vvs.families.llamagen.family import SCALE_SIZES as OFFICIAL_SIZES
-from vvs.families.llamagen.gpt import GPTConfig
+
+# float32 copies of the target a benchmark holds: ONNX Runtime's prefill and verify sessions each keep the weights
+# and their prepacked form (measured: a peak of 3.75 copies at Janus-Pro-1B:10)
+FOLDER_COPIES = 4
+MEMORY_SHARE = 0.8  # of physical memory, the rest for the runtime, the drafter and the operating system
+
+
+def parse_size(text: str, sizes: tuple[str, ...]) -> tuple[str, int | None]:
+    size, _, layers = text.partition(":")
+    if size not in sizes or (layers and not (layers.isdigit() and int(layers) > 0)):
+        raise VVSError(f"option --scale {text!r}: choose one of {', '.join(sizes)}, optionally with :LAYERS (its "
+                       "width with fewer layers, the target's time extrapolated to the full depth)")
+    return size, int(layers) if layers else None
+
+
+def call_parameters(model_class: type, config) -> tuple[int, int]:
+    """(parameters per layer, parameters outside the layers) that a target call multiplies by, for ``config`` —
+    counted on the meta device, so a 7B size costs no memory. Embedding tables are left out: a call gathers rows."""
+    def count(n_layer: int) -> int:
+        with torch.device("meta"):
+            model = model_class(replace(config, n_layer=n_layer))
+        tables = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
+        return sum(p.numel() for p in model.parameters()) - tables
+
+    per_layer = count(2) - count(1)
+    return per_layer, count(1) - per_layer
+
+
+def total_parameters(model_class: type, config) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in model_class(config).parameters())
+
+
+def physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def fitting_depth(model_class: type, config, least: int, memory: int) -> int | None:
+    """The most layers (up to ``config.n_layer``, at least ``least``) whose float32 folder fits ``memory`` bytes."""
+    budget = MEMORY_SHARE * memory / (4 * FOLDER_COPIES)
+    for n_layer in range(config.n_layer, least - 1, -1):
+        if total_parameters(model_class, replace(config, n_layer=n_layer)) <= budget:
+            return n_layer
+    return None
 
 
 def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
-    """The inflated engine folder of ``engine_dir`` at ``size``, exported on first use."""
-    from vvs.families.llamagen.exporter import export_folder
+    """The inflated engine folder of ``engine_dir`` at ``size`` (``SIZE[:LAYERS]``), exported on first use."""
     from vvs.families.llamagen.bundle import ModelBundle
-    from vvs.families.llamagen.inflate import inflate_bundle
-    from vvs.families.llamagen.loading import load_drafter, load_gpt
+    from vvs.families.llamagen.exporter import export_folder
+    from vvs.families.llamagen.loading import load_drafter
+    from vvs.families.registry import family_of
     from vvs.models.loading import load_vq
 
-    if size not in OFFICIAL_SIZES:
-        raise VVSError(f"option --scale {size!r}: choose one of {', '.join(OFFICIAL_SIZES)}")
     engine_dir = Path(engine_dir)
     manifest = read_manifest(engine_dir)
-    source = {name: manifest["files"][TORCH_WEIGHTS[name]]["sha256"] for name in ("target", "drafter", "vq")}
-    source["drafter_weights"] = manifest["graphs"]["draft_tree"].get("weights", "fp32")
-    out = engine_dir.parent / f"{engine_dir.name}-scale" / size
+    family = family_of(manifest)
+    arch = family.entry("target_arch")
+    inflation = import_module(arch.inflation)
+    size, layers = parse_size(size, inflation.SIZES)
+    target = arch.load(engine_dir / TORCH_WEIGHTS["target"])
+    full = inflation.inflated_config(target.config, size)
+    if layers is None:
+        layers = fitting_depth(arch.model, full, target.config.n_layer, physical_memory())
+        if layers is None:
+            need = FOLDER_COPIES * 4 * total_parameters(arch.model, replace(full, n_layer=target.config.n_layer))
+            raise VVSError(f"option --scale {size}: even at the source's {target.config.n_layer} layers its folder "
+                           f"needs about {need / 2**30:.0f} GiB and this machine has "
+                           f"{physical_memory() / 2**30:.0f} GiB; measure on a machine with more memory")
+    elif not target.config.n_layer <= layers <= full.n_layer:
+        raise VVSError(f"option --scale {size}:{layers}: take {target.config.n_layer} (the source's depth) to "
+                       f"{full.n_layer} layers")
+    has_drafter = TORCH_WEIGHTS["drafter"] in manifest["files"]
+    weights = ("target", "drafter", "vq") if has_drafter else ("target", "vq")
+    source = {name: manifest["files"][TORCH_WEIGHTS[name]]["sha256"] for name in weights}
+    if has_drafter:
+        source["drafter_weights"] = manifest["graphs"]["draft_tree"].get("weights", "fp32")
+    per_layer, rest = call_parameters(arch.model, full)
+    inflated = {"size": size, "layers": layers, "official_layers": full.n_layer,
+                "target_time_scale": (rest + full.n_layer * per_layer) / (rest + layers * per_layer),
+                "source": source, "source_folder": str(engine_dir.resolve())}
+    out = engine_dir.parent / f"{engine_dir.name}-scale" / (size if layers == full.n_layer else f"{size}-{layers}")
     if (out / MANIFEST).is_file():
         try:
-            if read_manifest(out)["model"].get("inflated", {}).get("source") == source:
+            if read_manifest(out)["model"].get("inflated") == inflated:
                 return out
         except VVSError:  # exported by another version of vvs: export it again
             pass
-    target = load_gpt(engine_dir / TORCH_WEIGHTS["target"])
+    tokenizer = engine_dir / manifest["prompts"]["tokenizer"] if manifest.get("prompts") else None
+    drafter = load_drafter(engine_dir / TORCH_WEIGHTS["drafter"], target.config) if has_drafter else None
+    bundle = ModelBundle(target, drafter, load_vq(engine_dir / TORCH_WEIGHTS["vq"]), arch.family, tokenizer)
     try:
-        bundle = inflate_bundle(ModelBundle(target, load_drafter(engine_dir / TORCH_WEIGHTS["drafter"], target.config),
-                                            load_vq(engine_dir / TORCH_WEIGHTS["vq"])), size)
+        bundle = inflation.inflate_bundle(bundle, size, layers)
     except ValueError as err:
         raise VVSError(f"option --scale {size}: {err}") from None
     out.parent.mkdir(parents=True, exist_ok=True)
     info = {k: v for k, v in manifest["model"].items() if k not in ("family", "target", "drafter", "vq")}
-    info["inflated"] = {"size": size, "source": source, "source_folder": str(engine_dir.resolve())}
-    export_folder(bundle, out, precision=manifest["precision"], drafter_weights=source["drafter_weights"],
+    info["inflated"] = inflated
+    export_folder(bundle, out, precision=manifest["precision"], drafter_weights=source.get("drafter_weights", "fp32"),
                   decoding_defaults=manifest["decoding_defaults"],
                   neighbours=manifest["tables"]["neighbours_per_code"], extra_model_info=info, progress=progress,
                   force=True)
@@ -57,13 +132,17 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
 
 def describe(manifest: dict) -> str | None:
     """One line saying what a scale folder's numbers are, or None for an ordinary folder."""
+    from vvs.families.registry import family_of
+
     inflated = manifest["model"].get("inflated")
     if inflated is None:
         return None
-    t = GPTConfig(**manifest["model"]["target"])
+    t = family_of(manifest).entry("target_arch").config(**manifest["model"]["target"])
+    depth = ("" if inflated.get("layers", t.n_layer) == inflated.get("official_layers", t.n_layer) else
+             f"; the target's time extrapolated linearly in depth from {t.n_layer} to its {inflated['official_layers']} "
+             f"layers (x{inflated['target_time_scale']:.3f})")
     return (f"measured at {inflated['size']} compute cost (a target of {t.n_layer} layers x {t.n_head} heads x {t.dim} "
             f"wide with the official {t.vocab_size}-code head, a one-layer drafter of its width) with the acceptance "
             f"of {inflated['source_folder']}'s pair, whose {len(t.sampled_ids)} codes are the only ones sampled"
             + ("; the drafter's weights int8 (ONNX Runtime's MatMulNBits)"
-               if inflated["source"].get("drafter_weights") == "int8" else ""))
-
+               if inflated["source"].get("drafter_weights") == "int8" else "") + depth)
