@@ -274,22 +274,23 @@ def test_bench_scale_runs_an_inflated_folder(tiny_folder, tmp_path, capsys, monk
 
 
 def test_a_size_that_does_not_fit_runs_at_the_deepest_depth_that_does():
-    """Janus-Pro-7B's float32 folder needs about four copies of its target's weights (two ONNX Runtime sessions, each
-    prepacked): the depth chosen is the largest that fits 80 % of the memory, never below the source's; none fits:
-    None."""
+    """Janus-Pro-7B on ONNX Runtime needs about four float32 copies of its target's weights (two sessions, each
+    prepacked): the depth chosen is the largest whose copies fit 80 % of the memory, never below the source's; none
+    fits: None."""
     from vvs.families.janus_pro.inflate import inflated_config as janus_inflated
     from vvs.families.janus_pro.model import JanusGen, janus_config
-    from vvs.families.llamagen.scale import FOLDER_COPIES, fitting_depth, total_parameters
+    from vvs.families.llamagen.scale import fitting_depth, total_parameters
 
     full = janus_inflated(janus_config("Janus-vvs-S"), "Janus-Pro-7B")
     assert full.n_layer == 30
     per_layer = total_parameters(JanusGen, full) - total_parameters(JanusGen, replace(full, n_layer=29))
     at_12 = total_parameters(JanusGen, replace(full, n_layer=12))
-    memory = int(at_12 * 4 * FOLDER_COPIES / 0.8) + 1
-    assert fitting_depth(JanusGen, full, 10, memory) == 12
-    assert fitting_depth(JanusGen, full, 10, memory + int(per_layer * 4 * FOLDER_COPIES / 0.8)) == 13
-    assert fitting_depth(JanusGen, full, 10, 10**15) == 30
-    assert fitting_depth(JanusGen, full, 13, memory) is None
+    memory = int(at_12 * 4 * 4 / 0.8) + 1
+    assert fitting_depth(JanusGen, full, 10, memory, 4) == 12
+    assert fitting_depth(JanusGen, full, 10, memory + int(per_layer * 4 * 4 / 0.8), 4) == 13
+    assert fitting_depth(JanusGen, full, 10, memory, 2) > 20  # fewer copies (the torch backend): deeper
+    assert fitting_depth(JanusGen, full, 10, 10**15, 4) == 30
+    assert fitting_depth(JanusGen, full, 13, memory, 4) is None
 
 
 def test_the_target_time_scale_multiplies_the_target_seconds_only():
@@ -373,7 +374,8 @@ def test_inflated_janus_pair_computes_the_same_function(janus_bundle, janus_1b, 
 
 def test_inflated_janus_pair_decodes_the_tiny_pairs_tokens(janus_bundle, janus_1b):
     """The real loop with guidance, sampled with both filters: VVS over a tree and SJD give the tiny pair's tokens,
-    target forwards and skips at Janus-Pro-1B's width."""
+    target forwards and skips at Janus-Pro-1B's width; so does GSD without filters and with groups wider than the
+    tiny vocabulary (a group never reaches the inflated head's extra codes, which have no latent)."""
     from conftest import JANUS_PROMPTS
 
     opts = DecodeOptions(mode="vvs", cfg_scale=5.0, lantern_k=4, skip_interval=2, tree_size=6, depth=2,
@@ -383,6 +385,8 @@ def test_inflated_janus_pair_decodes_the_tiny_pairs_tokens(janus_bundle, janus_1
         pipe = Pipeline(torch_engines(bundle), opts, max_batch=3)
         try:
             got[name] = [pipe.generate(JANUS_PROMPTS, seed=1, decode_images=False, mode=m) for m in ("vvs", "sjd")]
+            got[name].append(pipe.generate(JANUS_PROMPTS, seed=1, decode_images=False, mode="gsd", top_k=0,
+                                           top_p=1.0, gsd_group_size=600, gsd_prob_gap=1.0, gsd_distance=4.0))
         finally:
             pipe.close()
     for small, big in zip(got["tiny"], got["1b"]):

@@ -278,6 +278,8 @@ class Jacobi:
     def group(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """GSD's group of each draft, beside the draft itself: ``(codes [..., g], member [..., g])``, the codes ranked
         around ``x`` by ``p`` and whether each is close enough to ``x`` in probability and latent space."""
+        # only sampled codes can join a group: codes above them (an inflated head's) have no latent and no mass
+        p = p[..., : len(self.d.cfg.sampled_ids)]
         opts, vocab = self.opts, p.shape[-1]
         g = opts.gsd_group_size
         order = p.argsort(-1, descending=True)

@@ -26,9 +26,11 @@ from torch import nn
 from vvs.engines.manifest import MANIFEST, TORCH_WEIGHTS, read_manifest
 from vvs.errors import VVSError
 
-# float32 copies of the target a benchmark holds: ONNX Runtime's prefill and verify sessions each keep the weights
-# and their prepacked form (measured: a peak of 3.75 copies at Janus-Pro-1B:10)
-FOLDER_COPIES = 4
+# float32 copies of the target a scale run holds at its peak, by backend: ONNX Runtime's prefill and verify
+# sessions each keep the weights and their prepacked form (measured: 3.75 copies at Janus-Pro-1B:10); the torch
+# backend holds one, the export that writes the folder first about two (measured: TORCH_PEAK at Janus-Pro-7B:10)
+TARGET_COPIES = {"torch": 2.5}
+DEFAULT_COPIES = 4.0
 MEMORY_SHARE = 0.8  # of physical memory, the rest for the runtime, the drafter and the operating system
 
 
@@ -62,17 +64,19 @@ def physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def fitting_depth(model_class: type, config, least: int, memory: int) -> int | None:
-    """The most layers (up to ``config.n_layer``, at least ``least``) whose float32 folder fits ``memory`` bytes."""
-    budget = MEMORY_SHARE * memory / (4 * FOLDER_COPIES)
+def fitting_depth(model_class: type, config, least: int, memory: int, copies: float) -> int | None:
+    """The most layers (up to ``config.n_layer``, at least ``least``) whose ``copies`` float32 targets fit
+    ``memory`` bytes."""
+    budget = MEMORY_SHARE * memory / (4 * copies)
     for n_layer in range(config.n_layer, least - 1, -1):
         if total_parameters(model_class, replace(config, n_layer=n_layer)) <= budget:
             return n_layer
     return None
 
 
-def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
-    """The inflated engine folder of ``engine_dir`` at ``size`` (``SIZE[:LAYERS]``), exported on first use."""
+def scale_folder(engine_dir: Path, size: str, backend: str = "onnxruntime", progress: bool = True) -> Path:
+    """The inflated engine folder of ``engine_dir`` at ``size`` (``SIZE[:LAYERS]``), exported on first use; without
+    ``LAYERS``, as deep as fits this machine's memory when ``backend`` runs it."""
     from vvs.families.llamagen.bundle import ModelBundle
     from vvs.families.llamagen.exporter import export_folder
     from vvs.families.llamagen.loading import load_drafter
@@ -88,12 +92,15 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
     target = arch.load(engine_dir / TORCH_WEIGHTS["target"])
     full = inflation.inflated_config(target.config, size)
     if layers is None:
-        layers = fitting_depth(arch.model, full, target.config.n_layer, physical_memory())
+        copies = TARGET_COPIES.get(backend, DEFAULT_COPIES)
+        layers = fitting_depth(arch.model, full, target.config.n_layer, physical_memory(), copies)
         if layers is None:
-            need = FOLDER_COPIES * 4 * total_parameters(arch.model, replace(full, n_layer=target.config.n_layer))
-            raise VVSError(f"option --scale {size}: even at the source's {target.config.n_layer} layers its folder "
-                           f"needs about {need / 2**30:.0f} GiB and this machine has "
-                           f"{physical_memory() / 2**30:.0f} GiB; measure on a machine with more memory")
+            need = copies * 4 * total_parameters(arch.model, replace(full, n_layer=target.config.n_layer))
+            raise VVSError(f"option --scale {size}: even at the source's {target.config.n_layer} layers it needs "
+                           f"about {need / 2**30:.0f} GiB on the {backend} backend and this machine has "
+                           f"{physical_memory() / 2**30:.0f} GiB"
+                           + ("; try --backend torch, which holds one copy of the weights" if backend != "torch"
+                              else "; measure on a machine with more memory"))
     elif not target.config.n_layer <= layers <= full.n_layer:
         raise VVSError(f"option --scale {size}:{layers}: take {target.config.n_layer} (the source's depth) to "
                        f"{full.n_layer} layers")
