@@ -3,6 +3,7 @@ vvs-bench on both folders): logit error and top-1 agreement of the verify graph 
 pixel error of the VQ decoder on the decoded images.
 
 Usage: python bench/precision_report.py --reference engines-fp16 --candidate engines-int8 [--images 8]
+       [--prompts docs/img/t2i_prompts.txt]  (a folder that takes prompts)
 
 The inputs are the verify calls of an actual greedy SD run on the reference folder (trees over real prefixes),
 replayed on both folders' verify graphs (cast to each folder's dtypes), and that run's tokens decoded by both.
@@ -38,12 +39,17 @@ def main():
     parser.add_argument("--candidate", default="engines-int8")
     parser.add_argument("--images", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompts", default=None, help="a prompts file, for folders that take prompts")
     args = parser.parse_args()
     ref = load_engines(args.reference, "onnxruntime", threads=args.threads)
     cand = load_engines(args.candidate, "onnxruntime", threads=args.threads)
     calls: list[dict] = []
     ref.graphs["target_verify"] = Recorder(ref.graphs["target_verify"], calls)
-    labels = torch.arange(args.images) % ref.target.num_classes
+    if args.prompts:
+        lines = [line.strip() for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+        labels = [lines[i % len(lines)] for i in range(args.images)]
+    else:
+        labels = torch.arange(args.images) % ref.target.num_classes
     gen = Pipeline(ref).generate(labels, mode="sd", temperature=0, seed=0, decode_images=False)
     errors, rel, agree = [], [], []
     for inputs in calls[:: max(1, len(calls) // 40)]:

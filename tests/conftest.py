@@ -131,6 +131,16 @@ JANUS_PROMPTS = ["a red cat", "a big dog at the river", "a tree"]  # within the 
 
 
 @pytest.fixture(scope="session")
+def janus_int8_folder(janus_bundle, tmp_path_factory):
+    """The small Janus bundle exported as SmoothQuant W8A8 (+ fp16), calibrated on its own ar samples."""
+    from vvs.families.llamagen.exporter import export_folder
+
+    out = tmp_path_factory.mktemp("janus-int8") / "engines-janus-int8"
+    export_folder(janus_bundle, out, precision="int8", decoding_defaults=SMALL, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
 def janus_folder(janus_bundle, tmp_path_factory):
     """An engine folder exported from the small Janus bundle, with the official sampling defaults."""
     from vvs.families.janus_pro.bundle import DECODING_DEFAULTS

@@ -274,23 +274,21 @@ def test_bench_scale_runs_an_inflated_folder(tiny_folder, tmp_path, capsys, monk
 
 
 def test_a_size_that_does_not_fit_runs_at_the_deepest_depth_that_does():
-    """Janus-Pro-7B on ONNX Runtime needs about four float32 copies of its target's weights (two sessions, each
-    prepacked): the depth chosen is the largest whose copies fit 80 % of the memory, never below the source's; none
-    fits: None."""
+    """A scale run's peak is about four float32 copies of its target (the export): the depth chosen is the largest
+    whose copies fit 80 % of the memory, never below the source's; none fits: None."""
     from vvs.families.janus_pro.inflate import inflated_config as janus_inflated
     from vvs.families.janus_pro.model import JanusGen, janus_config
-    from vvs.families.llamagen.scale import fitting_depth, total_parameters
+    from vvs.families.llamagen.scale import FOLDER_COPIES, fitting_depth, total_parameters
 
     full = janus_inflated(janus_config("Janus-vvs-S"), "Janus-Pro-7B")
     assert full.n_layer == 30
     per_layer = total_parameters(JanusGen, full) - total_parameters(JanusGen, replace(full, n_layer=29))
     at_12 = total_parameters(JanusGen, replace(full, n_layer=12))
-    memory = int(at_12 * 4 * 4 / 0.8) + 1
-    assert fitting_depth(JanusGen, full, 10, memory, 4) == 12
-    assert fitting_depth(JanusGen, full, 10, memory + int(per_layer * 4 * 4 / 0.8), 4) == 13
-    assert fitting_depth(JanusGen, full, 10, memory, 2) > 20  # fewer copies (the torch backend): deeper
-    assert fitting_depth(JanusGen, full, 10, 10**15, 4) == 30
-    assert fitting_depth(JanusGen, full, 13, memory, 4) is None
+    memory = int(at_12 * 4 * FOLDER_COPIES / 0.8) + 1
+    assert fitting_depth(JanusGen, full, 10, memory) == 12
+    assert fitting_depth(JanusGen, full, 10, memory + int(per_layer * 4 * FOLDER_COPIES / 0.8)) == 13
+    assert fitting_depth(JanusGen, full, 10, 10**15) == 30
+    assert fitting_depth(JanusGen, full, 13, memory) is None
 
 
 def test_the_target_time_scale_multiplies_the_target_seconds_only():

@@ -1,13 +1,15 @@
 """INT8 for the target: SmoothQuant W8A8 with explicit QuantizeLinear/DequantizeLinear.
 
 1. Calibration data comes from the model itself: token sequences sampled from the target (vanilla AR with
-   guidance, the distribution it will see when serving), for a spread of classes. Per linear layer we record the
-   per-input-channel absolute maximum of its activations. The result is cached in a small safetensors file.
+   guidance, the distribution it will see when serving), for a spread of classes or prompts (the architecture's
+   ``TargetArch.calibration``), with their guidance nulls. Per linear layer we record the per-input-channel
+   absolute maximum of its activations. The result is cached in a small safetensors file.
 2. SmoothQuant (alpha = 0.5) moves activation outliers into the weights, wherever the division by ``s`` can be
-   folded exactly into the producer of the activation: ``wqkv`` and ``w1``/``w3`` (inputs straight from an
-   RMSNorm: divide the norm weight) and ``w2`` (input ``silu(w1 x) * (w3 x)``: divide the rows of ``w3``); the
-   consuming weight's columns are multiplied by ``s``. ``wo`` is not smoothed: folding into the value rows would
-   change what the KV cache holds, and graphs of every precision must read the same cache.
+   folded exactly into the producer of the activation (an :class:`Int8Layout` names them per architecture): the
+   query/key/value and gate/up projections (inputs straight from an RMSNorm: divide the norm weight) and the down
+   projection (input ``silu(gate x) * (up x)``: divide the rows of ``up``); the consuming weight's columns are
+   multiplied by ``s``. The attention output is not smoothed: folding into the value rows would change what the KV
+   cache holds, and graphs of every precision must read the same cache.
 3. Every linear layer of the blocks becomes ``QDQLinear``: activations per-tensor, weights per-output-channel,
    symmetric int8 with zero point 0 (TensorRT accepts nothing else). Attention, norms, RoPE and the output head
    stay in floating point (fp16, as in the fp16 export); so does the drafter (quantising it lowers acceptance).
@@ -18,16 +20,41 @@ quantized torch module is both the reference and the export source.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from vvs.families.llamagen.bundle import ModelBundle
-from vvs.families.llamagen.gpt import GPT, sample_ar
+if TYPE_CHECKING:
+    from vvs.families.llamagen.bundle import ModelBundle
 
-QUANTIZED = ("attention.wqkv", "attention.wo", "feed_forward.w1", "feed_forward.w3", "feed_forward.w2")
+
+@dataclass(frozen=True)
+class Int8Layout:
+    """Where SmoothQuant finds a target's block linears (names relative to a block)."""
+
+    blocks: str  # the block list's module path in the target
+    normed: tuple[tuple[str, tuple[str, ...]], ...]  # (an RMSNorm, the linears that read its output)
+    gated: tuple[str, str]  # (up, down): down reads silu(gate x) * (up x)
+    unsmoothed: tuple[str, ...]  # quantized, not smoothed (the attention output)
+
+    @property
+    def quantized(self) -> tuple[str, ...]:
+        return (*(n for _, linears in self.normed for n in linears), *self.gated[1:], *self.unsmoothed)
+
+    def key(self, block: int, name: str) -> str:
+        """A linear's full module name: the calibration statistics' key."""
+        return f"{self.blocks}.{block}.{name}"
+
+
+LLAMA_INT8 = Int8Layout(
+    "language_model.model.layers",
+    (("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+     ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"))),
+    ("mlp.up_proj", "mlp.down_proj"), ("self_attn.o_proj",))
 
 
 def _onnx_op(op: str, inputs: tuple, dtype: torch.dtype, shape, axis: int | None = None) -> torch.Tensor:
@@ -66,27 +93,22 @@ class QDQLinear(nn.Module):
         return xq @ w.t()
 
 
-def calibration_tokens(bundle: ModelBundle, num: int, seed: int, cfg_scale: float = 3.0):
-    """``num`` sequences sampled from the target itself (AR with guidance), classes spread evenly."""
-    labels = torch.arange(num) % bundle.target.config.num_classes
-    return labels, sample_ar(bundle.target, labels, cfg_scale, generator=torch.Generator().manual_seed(seed),
-                             progress="calibrate")
-
-
 @torch.no_grad()
-def activation_absmax(target: GPT, labels: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-input-channel |activation| maxima of every quantized linear layer (conditional and null classes)."""
+def activation_absmax(target: nn.Module, layout: Int8Layout, condition: torch.Tensor, tokens: torch.Tensor,
+                      mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Per-input-channel |activation| maxima of every quantized linear layer over the teacher-forced rows
+    ``condition ‖ tokens`` (conditional and null rows alike)."""
     stats: dict[str, torch.Tensor] = {}
     hooks = []
-    for name, module in target.named_modules():
-        if name.endswith(QUANTIZED):
-            def hook(mod, args, _out, name=name):
+    blocks = target.get_submodule(layout.blocks)
+    for i, block in enumerate(blocks):
+        for name in layout.quantized:
+            def hook(mod, args, _out, key=layout.key(i, name)):
                 m = args[0].detach().abs().flatten(0, -2).amax(0)
-                stats[name] = torch.maximum(stats[name], m) if name in stats else m
-            hooks.append(module.register_forward_hook(hook))
+                stats[key] = torch.maximum(stats[key], m) if key in stats else m
+            hooks.append(block.get_submodule(name).register_forward_hook(hook))
     try:
-        null = torch.full_like(labels, target.config.null_class)
-        target.teacher_forced(torch.cat([labels, null]), torch.cat([tokens[:, :-1], tokens[:, :-1]]))
+        target.teacher_forced(condition, tokens, mask)
     finally:
         for h in hooks:
             h.remove()
@@ -97,8 +119,8 @@ def calibrate(bundle: ModelBundle, cache: Path | None, num: int = 32, seed: int 
     """Activation statistics, read from ``cache`` when it exists, else measured and written there."""
     if cache is not None and Path(cache).is_file():
         return load_file(cache)
-    labels, tokens = calibration_tokens(bundle, num, seed)
-    stats = activation_absmax(bundle.target, labels, tokens)
+    arch = bundle.arch
+    stats = activation_absmax(bundle.target, arch.int8, *arch.calibration(bundle, num, seed))
     if cache is not None:
         Path(cache).parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in stats.items()}, cache)
@@ -111,32 +133,32 @@ def _smoothing(act_absmax: torch.Tensor, weights: list[torch.Tensor], alpha: flo
 
 
 @torch.no_grad()
-def quantize_target(target: GPT, stats: dict[str, torch.Tensor], alpha: float = 0.5) -> GPT:
+def quantize_target(target: nn.Module, layout: Int8Layout, stats: dict[str, torch.Tensor],
+                    alpha: float = 0.5) -> nn.Module:
     """A copy of ``target`` with SmoothQuant applied and every block linear replaced by :class:`QDQLinear`."""
     q = copy.deepcopy(target).eval()
     absmax = {k: v.clone() for k, v in stats.items()}
-    for i, layer in enumerate(q.layers):
-        attn, ffn = layer.attention, layer.feed_forward
-        key = lambda name: f"layers.{i}.{name}"  # noqa: E731
-        # inputs straight from an RMSNorm: divide its weight
-        for norm, linears in ((layer.attention_norm, (attn.wqkv,)), (layer.ffn_norm, (ffn.w1, ffn.w3))):
-            names = [n for n in QUANTIZED if layer.get_submodule(n) in linears]
+    for i, block in enumerate(q.get_submodule(layout.blocks)):
+        key = lambda name: layout.key(i, name)  # noqa: E731
+        for norm_name, names in layout.normed:  # inputs straight from an RMSNorm: divide its weight
+            linears = [block.get_submodule(n) for n in names]
             s = _smoothing(absmax[key(names[0])], [m.weight for m in linears], alpha)
-            norm.weight.div_(s)
+            block.get_submodule(norm_name).weight.div_(s)
             for m, n in zip(linears, names):
                 m.weight.mul_(s)
                 absmax[key(n)] = absmax[key(n)] / s
-        # w2 reads silu(w1 x) * (w3 x), linear in w3 x: divide the rows of w3
-        s = _smoothing(absmax[key("feed_forward.w2")], [ffn.w2.weight], alpha)
-        ffn.w3.weight.div_(s[:, None])
-        ffn.w2.weight.mul_(s)
-        absmax[key("feed_forward.w2")] = absmax[key("feed_forward.w2")] / s
-        for n in QUANTIZED:
+        up_name, down_name = layout.gated  # down reads silu(gate x) * (up x), linear in up x: divide up's rows
+        up, down = block.get_submodule(up_name), block.get_submodule(down_name)
+        s = _smoothing(absmax[key(down_name)], [down.weight], alpha)
+        up.weight.div_(s[:, None])
+        down.weight.mul_(s)
+        absmax[key(down_name)] = absmax[key(down_name)] / s
+        for n in layout.quantized:
             parent, _, leaf = n.rpartition(".")
-            owner = layer.get_submodule(parent)
+            owner = block.get_submodule(parent)
             setattr(owner, leaf, QDQLinear(getattr(owner, leaf), float(absmax[key(n)].max())))
     return q
 
 
 def int8_bundle(bundle: ModelBundle, stats: dict[str, torch.Tensor]) -> ModelBundle:
-    return ModelBundle(quantize_target(bundle.target, stats), bundle.drafter, bundle.vq)
+    return replace(bundle, target=quantize_target(bundle.target, bundle.arch.int8, stats))

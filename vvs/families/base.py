@@ -53,7 +53,7 @@ class Family:
     # a discrete-token family's target architecture (vvs.families.llamagen.arch.TargetArch), which the LlamaGen
     # graphs, exporter and engine sets build on; None for a family with its own (MAR)
     target_arch: str | None = None
-    scale: str | None = None  # vvs-bench --scale: (engine_dir, size, backend) -> the inflated folder
+    scale: str | None = None  # vvs-bench --scale: (engine_dir, size) -> the inflated folder
     scale_sizes: tuple[str, ...] = ()
     describe_scale: str | None = None  # (manifest) -> one line, or None for an ordinary folder
     tune: str | None = None  # vvs-bench --tune: (pipe, labels, num_seeds, instruments, log) -> (best, record)

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
 from torch import nn
 
+from vvs.calib.int8 import Int8Layout
 from vvs.families.llamagen.conditions import conditioning
-from vvs.families.llamagen.gpt import GPT, GPTConfig
+from vvs.families.llamagen.gpt import GPT, GPTConfig, sample_ar
 from vvs.families.llamagen.loading import load_gpt
 
 
@@ -29,7 +31,10 @@ class TargetArch:
     # (config, tables, manifest's "model" entry, the folder's or bundle's text tokenizer) -> its Conditioning;
     # tables holds a t2i target's "null_condition"
     conditioning: Callable[..., object]
-    int8: bool = False  # vvs.calib.int8's SmoothQuant knows its layers (vvs-export --precision int8)
+    int8: Int8Layout | None = None  # where SmoothQuant finds its block linears (vvs-export --precision int8)
+    # (bundle, num, seed) -> (condition rows, token rows, mask or None): teacher-forced calibration data, sampled from
+    # the target with guidance, nulls included (vvs.calib.int8)
+    calibration: Callable[..., tuple] | None = None
     model: type | None = None  # the target's module class (built from a config)
     # vvs-bench --scale: a module with SIZES and inflated_config / inflate_bundle(small, size, n_layer)
     inflation: str | None = None
@@ -39,5 +44,18 @@ def _conditioning(config: GPTConfig, tables: dict, model_info: dict, tokenizer: 
     return conditioning(config, tables.get("null_condition"), model_info.get("classes", ()))
 
 
-ARCH = TargetArch("llamagen", "gpt", GPTConfig, load_gpt, _conditioning, int8=True, model=GPT,
-                  inflation="vvs.families.llamagen.inflate")
+def _calibration(bundle, num: int, seed: int):
+    """Class ids spread evenly, each sampled with guidance 3, and the null class's rows."""
+    target = bundle.target
+    labels = torch.arange(num) % target.config.num_classes
+    tokens = sample_ar(target, labels, 3.0, generator=torch.Generator().manual_seed(seed), progress="calibrate")
+    null = torch.full_like(labels, target.config.null_class)
+    return torch.cat([labels, null]), torch.cat([tokens[:, :-1], tokens[:, :-1]]), None
+
+
+GPT_INT8 = Int8Layout("layers", (("attention_norm", ("attention.wqkv",)),
+                                 ("ffn_norm", ("feed_forward.w1", "feed_forward.w3"))),
+                      ("feed_forward.w3", "feed_forward.w2"), ("attention.wo",))
+
+ARCH = TargetArch("llamagen", "gpt", GPTConfig, load_gpt, _conditioning, int8=GPT_INT8, calibration=_calibration,
+                  model=GPT, inflation="vvs.families.llamagen.inflate")

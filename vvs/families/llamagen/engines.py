@@ -186,12 +186,13 @@ def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_gra
     verify_files(folder, manifest, weights + [manifest["tables"]["file"]] + text_files)
     if threads:
         torch.set_num_threads(threads)
-    target = family_of(manifest).entry("target_arch").load(folder / TORCH_WEIGHTS["target"])
+    arch = family_of(manifest).entry("target_arch")
+    target = arch.load(folder / TORCH_WEIGHTS["target"])
     if manifest["precision"] == "int8":  # rebuild the quantized target from the stored calibration
         from vvs.calib.int8 import quantize_target
 
         verify_files(folder, manifest, [CALIBRATION])
-        target = quantize_target(target, load_file(folder / CALIBRATION))
+        target = quantize_target(target, arch.int8, load_file(folder / CALIBRATION))
     drafter = load_drafter(folder / TORCH_WEIGHTS["drafter"], target.config) if "drafter" in manifest["model"] else None
     bundle = ModelBundle(target, drafter, load_vq(folder / TORCH_WEIGHTS["vq"]), manifest["model"]["family"],
                          prompt_tokenizer(folder, manifest))

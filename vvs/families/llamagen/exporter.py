@@ -59,9 +59,9 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
         raise VVSError(f"option precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
     if drafter_weights not in DRAFTER_WEIGHTS:
         raise VVSError(f"option drafter_weights={drafter_weights!r}: choose one of {', '.join(DRAFTER_WEIGHTS)}")
-    if precision == "int8" and not bundle.arch.int8:
-        raise VVSError(f"option --precision int8: SmoothQuant calibration exists for LlamaGen's GPT only; export "
-                       f"--model {bundle.family} as fp32 or fp16")
+    if precision == "int8" and bundle.arch.int8 is None:
+        raise VVSError(f"option --precision int8: vvs has no SmoothQuant layout for {bundle.family}'s target; export "
+                       "it as fp32 or fp16")
     if drafter_weights == "int8" and (precision != "fp32" or bundle.drafter is None):
         raise VVSError("option --drafter-weights int8: needs a drafter and --precision fp32 (the int8 weights "
                        "multiply float32 activations quantised on the fly)")

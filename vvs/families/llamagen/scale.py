@@ -7,8 +7,8 @@ depth, so the same tokens and the same acceptance; :mod:`vvs.models.inflation`) 
 folder, ``<engine>-scale/<SIZE>``, reused while the source weights are the same. The benchmark then runs there like
 on any engine folder.
 
-A size whose folder does not fit in memory (Janus-Pro-7B's 30 layers are 26 GB in float32, and ONNX Runtime holds
-about four copies: the prefill and verify graphs, each with its prepacked weights) is exported at its width with fewer layers — the deepest that fits, at
+A size whose folder does not fit in memory (Janus-Pro-7B's 30 layers are 26 GB in float32, and exporting them takes
+about four copies) is exported at its width with fewer layers — the deepest that fits, at
 least the source's depth, or ``LAYERS`` — and the target's share of each image's time is extrapolated linearly in
 depth to the full size: a target call multiplies every weight of every layer and of the head once per position,
 so its time is ``a + b·layers`` with ``a : b`` the head's parameters to one layer's.
@@ -26,11 +26,9 @@ from torch import nn
 from vvs.engines.manifest import MANIFEST, TORCH_WEIGHTS, read_manifest
 from vvs.errors import VVSError
 
-# float32 copies of the target a scale run holds at its peak, by backend: ONNX Runtime's prefill and verify
-# sessions each keep the weights and their prepacked form (measured: 3.75 copies at Janus-Pro-1B:10); the torch
-# backend holds one, the export that writes the folder first about two (measured: TORCH_PEAK at Janus-Pro-7B:10)
-TARGET_COPIES = {"torch": 2.5}
-DEFAULT_COPIES = 4.0
+# float32 copies of the target a scale run holds at its peak: exporting the folder (measured: 4.1 copies, 19.3 GiB,
+# at Janus-Pro-1B:23); ONNX Runtime's two sessions hold 2.3 afterwards, each with the weights' prepacked form
+FOLDER_COPIES = 4
 MEMORY_SHARE = 0.8  # of physical memory, the rest for the runtime, the drafter and the operating system
 
 
@@ -64,19 +62,18 @@ def physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def fitting_depth(model_class: type, config, least: int, memory: int, copies: float) -> int | None:
-    """The most layers (up to ``config.n_layer``, at least ``least``) whose ``copies`` float32 targets fit
-    ``memory`` bytes."""
-    budget = MEMORY_SHARE * memory / (4 * copies)
+def fitting_depth(model_class: type, config, least: int, memory: int) -> int | None:
+    """The most layers (up to ``config.n_layer``, at least ``least``) whose scale run fits ``memory`` bytes."""
+    budget = MEMORY_SHARE * memory / (4 * FOLDER_COPIES)
     for n_layer in range(config.n_layer, least - 1, -1):
         if total_parameters(model_class, replace(config, n_layer=n_layer)) <= budget:
             return n_layer
     return None
 
 
-def scale_folder(engine_dir: Path, size: str, backend: str = "onnxruntime", progress: bool = True) -> Path:
+def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
     """The inflated engine folder of ``engine_dir`` at ``size`` (``SIZE[:LAYERS]``), exported on first use; without
-    ``LAYERS``, as deep as fits this machine's memory when ``backend`` runs it."""
+    ``LAYERS``, as deep as fits this machine's memory."""
     from vvs.families.llamagen.bundle import ModelBundle
     from vvs.families.llamagen.exporter import export_folder
     from vvs.families.llamagen.loading import load_drafter
@@ -92,15 +89,12 @@ def scale_folder(engine_dir: Path, size: str, backend: str = "onnxruntime", prog
     target = arch.load(engine_dir / TORCH_WEIGHTS["target"])
     full = inflation.inflated_config(target.config, size)
     if layers is None:
-        copies = TARGET_COPIES.get(backend, DEFAULT_COPIES)
-        layers = fitting_depth(arch.model, full, target.config.n_layer, physical_memory(), copies)
+        layers = fitting_depth(arch.model, full, target.config.n_layer, physical_memory())
         if layers is None:
-            need = copies * 4 * total_parameters(arch.model, replace(full, n_layer=target.config.n_layer))
-            raise VVSError(f"option --scale {size}: even at the source's {target.config.n_layer} layers it needs "
-                           f"about {need / 2**30:.0f} GiB on the {backend} backend and this machine has "
-                           f"{physical_memory() / 2**30:.0f} GiB"
-                           + ("; try --backend torch, which holds one copy of the weights" if backend != "torch"
-                              else "; measure on a machine with more memory"))
+            need = FOLDER_COPIES * 4 * total_parameters(arch.model, replace(full, n_layer=target.config.n_layer))
+            raise VVSError(f"option --scale {size}: even at the source's {target.config.n_layer} layers its export "
+                           f"needs about {need / MEMORY_SHARE / 2**30:.0f} GiB and this machine has "
+                           f"{physical_memory() / 2**30:.0f} GiB; measure it on a machine with more memory")
     elif not target.config.n_layer <= layers <= full.n_layer:
         raise VVSError(f"option --scale {size}:{layers}: take {target.config.n_layer} (the source's depth) to "
                        f"{full.n_layer} layers")
