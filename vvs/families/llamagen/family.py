@@ -20,7 +20,7 @@ MODE_HELP = ("ar, sd, sjd and sjd-pac sample the target's distribution exactly; 
 EXPORT_OPTIONS = (
     click.Option(["--precision"], type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
                  help="fp16: half-precision graphs, the VQ decoder included (RMSNorm, RoPE and the logits stay "
-                      "fp32). int8 (LlamaGen): SmoothQuant W8A8 Q/DQ on the target's linear layers, calibrated "
+                      "fp32). int8: SmoothQuant W8A8 Q/DQ on the target's block linear layers, calibrated "
                       "on the model's own samples, in an otherwise fp16 graph (the drafter is never quantized)."),
     click.Option(["--drafter-weights"], type=click.Choice(["fp32", "int8"]), default="fp32", show_default=True,
                  help="int8: the drafter graph's matrices (its layer and the head) as ONNX Runtime's block-wise "
