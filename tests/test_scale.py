@@ -229,7 +229,7 @@ def test_vectorised_acceptance_equals_the_sequential_walk(relaxed):
 
 
 def test_bench_scale_runs_an_inflated_folder(tiny_folder, tmp_path, capsys, monkeypatch):
-    """``vvs-bench --scale GPT-B:4``: exports the inflated folder (GPT-B's width, 4 of its layers) once beside the
+    """``vvs-bench --scale GPT-B:2``: exports the inflated folder (GPT-B's width, 2 of its layers) once beside the
     source, runs every requested mode there with the source pair's tokens (greedy), labels the numbers with the
     depth extrapolation, and refuses what it cannot do."""
     import shutil
@@ -241,17 +241,17 @@ def test_bench_scale_runs_an_inflated_folder(tiny_folder, tmp_path, capsys, monk
     out = tmp_path / "bench"
     args = ["--engine", folder, "--backend", "onnxruntime", "--mode", "ar,vvs", "--num-images", "2", "--num-seeds", "1",
             "--temperature", "0", "--out", out]
-    code, stdout, err = run_cli(bench_main, [*args, "--scale", "GPT-B:4"], capsys, monkeypatch)
+    code, stdout, err = run_cli(bench_main, [*args, "--scale", "GPT-B:2"], capsys, monkeypatch)
     assert code == 0, err
-    # GPT-B's width at 4 of its 12 layers: the target's time extrapolated by its parameters (head : one layer)
+    # GPT-B's width at 2 of its 12 layers (the source's depth): the target's time extrapolated by its parameters
     layer, head = 4 * 768**2 + 3 * 768 * 2048 + 2 * 768, 768 * 16384 + 768
-    assert "measured at GPT-B compute cost (a target of 4 layers x 12 heads x 768 wide" in stdout
-    assert ("the target's time extrapolated linearly in depth from 4 to its 12 layers "
-            f"(x{(head + 12 * layer) / (head + 4 * layer):.3f})") in stdout
+    assert "measured at GPT-B compute cost (a target of 2 layers x 12 heads x 768 wide" in stdout
+    assert ("the target's time extrapolated linearly in depth from 2 to its 12 layers "
+            f"(x{(head + 12 * layer) / (head + 2 * layer):.3f})") in stdout
     scaled = json.loads((out / "results.json").read_text())
-    manifest = json.loads((tmp_path / "engines-scale" / "GPT-B-4" / "manifest.json").read_text())
-    assert (manifest["model"]["target"]["dim"], manifest["model"]["target"]["n_layer"]) == (768, 4)
-    assert manifest["model"]["inflated"]["target_time_scale"] == pytest.approx((head + 12 * layer) / (head + 4 * layer))
+    manifest = json.loads((tmp_path / "engines-scale" / "GPT-B-2" / "manifest.json").read_text())
+    assert (manifest["model"]["target"]["dim"], manifest["model"]["target"]["n_layer"]) == (768, 2)
+    assert manifest["model"]["inflated"]["target_time_scale"] == pytest.approx((head + 12 * layer) / (head + 2 * layer))
     assert manifest["decoding_defaults"]["tree_size"] == SMALL["tree_size"]
     code, _, _ = run_cli(bench_main, args, capsys, monkeypatch)
     small = json.loads((out / "results.json").read_text())
@@ -261,7 +261,7 @@ def test_bench_scale_runs_an_inflated_folder(tiny_folder, tmp_path, capsys, monk
         assert a["target_forwards_per_image"] == b["target_forwards_per_image"]
     # the inflated folder on ONNX Runtime, sampled with both filters: the source's tokens in every kind of mode
     assert manifest["model"]["target"]["vocab_size"] == 16384
-    pipes = [Pipeline(load_engines(f, "onnxruntime")) for f in (folder, tmp_path / "engines-scale" / "GPT-B-4")]
+    pipes = [Pipeline(load_engines(f, "onnxruntime")) for f in (folder, tmp_path / "engines-scale" / "GPT-B-2")]
     for mode in ("sd", "vvs", "sjd"):
         tokens = [p.generate([1, 3], mode=mode, temperature=1.0, top_k=10, top_p=0.8, cfg_scale=2.0, seed=3,
                              decode_images=False).tokens for p in pipes]
