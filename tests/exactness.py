@@ -16,16 +16,35 @@ from vvs.runtime.sampling import Processor, cfg_matrix, mix
 
 
 def conditionals(pipe, conditions: torch.Tensor, tokens: torch.Tensor, cfg_scale: float, temperature: float,
-                 top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """``[n, N, V]``: the target's processed distribution of every token given the image's earlier tokens."""
+                 top_k: int = 0, top_p: float = 1.0, slots: torch.Tensor | None = None) -> torch.Tensor:
+    """``[n, N, V]``: the target's processed distribution of every token given the image's earlier tokens.
+    ``slots``: the conditions' slot mask ``[n, C]`` where they are padded; the guidance nulls then come from the
+    folder's conditioning, with the slots they attend. A family's forced tokens are one-hot where it forces them."""
+    from vvs.models.layers import caption_causal_mask
+
     target = pipe.engines.graphs["target_verify"].module.target
     n = len(tokens)
-    rows = torch.cat([conditions, target.null_condition(conditions)]) if cfg_scale > 1 else conditions
     prefix = tokens[:, :-1]
+    guided = cfg_scale > 1
+    if slots is None:
+        rows, mask = (torch.cat([conditions, target.null_condition(conditions)]) if guided else conditions), None
+    else:
+        rows, row_slots = conditions, slots
+        if guided:
+            nulls, null_slots = pipe.engines.conditioning.null(pipe.engines, conditions, slots)
+            rows, row_slots = torch.cat([conditions, nulls]), torch.cat([slots, null_slots])
+        seen = torch.cat([row_slots, torch.ones(len(rows), prefix.shape[1], dtype=torch.bool)], 1)
+        mask = caption_causal_mask(seen, seen.shape[1])
     with torch.no_grad():
-        out = target.teacher_forced(rows, prefix.repeat(rows.shape[0] // n, 1))
+        out = target.teacher_forced(rows, prefix.repeat(rows.shape[0] // n, 1), mask)
     logits = out.logits[:, target.config.cls_token_num - 1:]  # output position C - 1 + i predicts token i
-    return Processor(temperature, top_k, top_p).probs(mix(cfg_matrix(n, cfg_scale), logits))
+    probs = Processor(temperature, top_k, top_p).probs(mix(cfg_matrix(n, cfg_scale), logits))
+    layout = pipe.engines.token_layout
+    if layout is not None:
+        forced = torch.tensor(layout.forced[: tokens.shape[1]])
+        onehot = torch.nn.functional.one_hot(forced.clamp(min=0), probs.shape[-1]).to(probs.dtype)
+        probs = torch.where((forced >= 0)[None, :, None], onehot, probs)
+    return probs
 
 
 def pit_pvalues(probs: torch.Tensor, tokens: torch.Tensor, seed: int = 0) -> tuple[float, float]:

@@ -57,7 +57,7 @@ class ReferenceDrafter:
         offset = k
         for level in range(1, self.depth + 1):
             past = stable.clone()
-            past[:, :, self.scratch_start:] = frontier_anc
+            past[:, :, self.scratch_start:] = self.layout.expand(frontier_anc)  # the cache masks per batch row
             mask = attention_mask(self.layout, past, torch.eye(k, dtype=torch.bool).expand(n, k, k))
             positions = (root_position + level)[:, None].expand(n, k)
             out = self._call(g, self.layout.expand(positions), frontier_hidden, self.layout.expand(frontier_tokens),

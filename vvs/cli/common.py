@@ -89,9 +89,14 @@ class FamilyCommand(click.Command):
                 formatter.write_dl(records)
 
 
+def listing(words: list[str], conjunction: str) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} {conjunction} {words[-1]}"
+
+
 def family_heading(names: list[str]) -> str:
     labels = [FAMILIES[n].label for n in names]
-    return f"{' and '.join(labels)} options" if len(labels) < len(FAMILIES) else "Options"
+    return f"{listing(labels, 'and')} options" if len(labels) < len(FAMILIES) else "Options"
 
 
 # --------------------------------------------------------------------------- decoding flags
@@ -130,7 +135,7 @@ def family_overrides(decoding: dict, family: Family) -> dict:
     for name in given:
         if family.flag_of(name) is None:
             flag = next(f for f, entry in flags.items() if entry["field"] == name)
-            owners = " and ".join(FAMILIES[n].label for n in flags[flag]["families"])
+            owners = listing([FAMILIES[n].label for n in flags[flag]["families"]], "and")
             raise VVSError(f"option {flag}: applies to {owners} engine folders only; this folder holds a "
                            f"{family.label} model")
     return given

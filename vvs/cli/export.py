@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from vvs.cli.common import FamilyCommand, family_heading, run_command
+from vvs.cli.common import FamilyCommand, family_heading, listing, run_command
 from vvs.errors import VVSError
 from vvs.families.registry import DEFAULT, FAMILIES, family
 
@@ -62,7 +62,7 @@ def export(model, out, force, backend, compute_capability, max_images, **options
         param = next((p for p in ctx.command.params if p.name == name), None)
         if owners is not None and chosen not in owners and value != param.get_default(ctx):
             raise VVSError(f"option {OPTIONS[name].opts[0]}: applies to --model "
-                           f"{' or '.join(f.name for f in owners)} only")
+                           f"{listing([f.name for f in owners], 'or')} only")
     if backend != "onnxruntime" and backend not in chosen.build_backends:
         raise VVSError(f"option --backend {backend}: " + chosen.instead.get(
             backend, f"{chosen.label} folders build {', '.join(chosen.build_backends) or 'no plans'}"))

@@ -138,21 +138,44 @@ def _attend_chunks(q, keys, values, mask):
     return sum(p @ value for p, value in zip(probs.split(sizes, dim=-1), values))
 
 
+class HeadNorm(nn.Module):
+    """Chameleon's query/key norm: LayerNorm statistics over each head's channels (epsilon 1e-5, as the official
+    code fixes it), then a gain and bias per group of heads (``weight``, ``bias [groups, head_dim]``, repeated over
+    the heads of a group: one group per model-parallel shard in Lumina-mGPT's folders, one per head in
+    transformers')."""
+
+    def __init__(self, n_head: int, head_dim: int, groups: int):
+        super().__init__()
+        self.repeat = n_head // groups
+        self.weight = nn.Parameter(torch.ones(groups, head_dim))
+        self.bias = nn.Parameter(torch.zeros(groups, head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, H, hd]
+        normed = F.layer_norm(x, x.shape[-1:], None, None, eps=1e-5)
+        return normed * self.weight.repeat_interleave(self.repeat, 0) + self.bias.repeat_interleave(self.repeat, 0)
+
+
 class LlamaAttention(nn.Module):
     """Attention with Hugging Face Llama's parameter names (``q_proj`` ... ``o_proj``, no biases): Janus-Pro's
-    language model and the EAGLE drafter."""
+    language model and the EAGLE drafter. ``qk_norm_groups > 0``: Chameleon's query/key norms (``q_norm``,
+    ``k_norm``, :class:`HeadNorm`) after the projections and before RoPE."""
 
-    def __init__(self, dim: int, n_head: int):
+    def __init__(self, dim: int, n_head: int, qk_norm_groups: int = 0):
         super().__init__()
         self.n_head, self.head_dim = n_head, dim // n_head
         self.q_proj = nn.Linear(dim, dim, bias=False)
         self.k_proj = nn.Linear(dim, dim, bias=False)
         self.v_proj = nn.Linear(dim, dim, bias=False)
         self.o_proj = nn.Linear(dim, dim, bias=False)
+        if qk_norm_groups:
+            self.q_norm = HeadNorm(n_head, self.head_dim, qk_norm_groups)
+            self.k_norm = HeadNorm(n_head, self.head_dim, qk_norm_groups)
 
     def forward(self, x, rope, mask, past_kv):
         b, t, _ = x.shape
         q, k, v = (p(x).view(b, t, self.n_head, self.head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         out, new_kv = attend(apply_rope(q, *rope), apply_rope(k, *rope), v, past_kv, mask)
         return self.o_proj(out), new_kv
 
@@ -169,12 +192,14 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaLayer(nn.Module):
-    """A Hugging Face Llama decoder layer. ``input_norm=False`` leaves out the norm before attention (an EAGLE
-    drafter's first layer, whose fused input is not normalised); the module then has no ``input_layernorm``."""
+    """A Hugging Face Llama decoder layer (with ``qk_norm_groups``, Chameleon's). ``input_norm=False`` leaves out
+    the norm before attention (an EAGLE drafter's first layer, whose fused input is not normalised); the module then
+    has no ``input_layernorm``."""
 
-    def __init__(self, dim: int, n_head: int, hidden: int, eps: float, input_norm: bool = True):
+    def __init__(self, dim: int, n_head: int, hidden: int, eps: float, input_norm: bool = True,
+                 qk_norm_groups: int = 0):
         super().__init__()
-        self.self_attn = LlamaAttention(dim, n_head)
+        self.self_attn = LlamaAttention(dim, n_head, qk_norm_groups)
         self.mlp = LlamaMLP(dim, hidden)
         if input_norm:
             self.input_layernorm = RMSNorm(dim, eps)

@@ -113,6 +113,32 @@ def read_checkpoint(path: os.PathLike | str, *, ema: bool = False) -> tuple[dict
     return state, {}
 
 
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face folder's weights, from one file or the shards its index lists."""
+    index = next((folder / n for n in WEIGHT_INDEXES if (folder / n).is_file()), None)
+    if index is not None:
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CheckpointError(index, f"not a weight index (weight_map of key -> shard): {err}") from None
+        files = [folder / s for s in shards]
+    else:
+        single = next((folder / n for n in WEIGHT_FILES if (folder / n).is_file()), None)
+        if single is None:
+            raise CheckpointError(folder, f"no weights: expected {' or '.join(WEIGHT_FILES)}, or an index "
+                                          f"({' / '.join(WEIGHT_INDEXES)}) with its shards")
+        files = [single]
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        part, _ = read_checkpoint(file)
+        state.update(part)
+    return state
+
+
 def _names(keys, limit=3) -> str:
     keys = sorted(keys)
     more = f" and {len(keys) - limit} more" if len(keys) > limit else ""

@@ -51,7 +51,8 @@ class KVCache:
         self.kv = kv
         self.capacity = kv.shape[4] - 1
         self.length = torch.zeros(layout.n, dtype=torch.long, device=kv.device)
-        self.blocked = torch.zeros(layout.n, kv.shape[4], dtype=torch.bool, device=kv.device)  # caption padding
+        # padded condition slots, by batch row: a guidance null may attend fewer slots than its prompt
+        self.blocked = torch.zeros(layout.rows, kv.shape[4], dtype=torch.bool, device=kv.device)
 
     @staticmethod
     def slots(capacity: int) -> int:
@@ -64,7 +65,7 @@ class KVCache:
         gather_rows([(p.kv, p.layout, images) for p, images in parts], 2, out=kv)
         cache = cls(layout, kv)
         cache.length = torch.cat([p.length[images] for p, images in parts])
-        cache.blocked = torch.cat([p.blocked[images] for p, images in parts])
+        cache.blocked = gather_rows([(p.blocked, p.layout, images) for p, images in parts], 0)
         return cache
 
     def write(self, new_kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, valid: torch.Tensor) -> None:
@@ -83,14 +84,16 @@ class KVCache:
         self.length.copy_((self.length + count).clamp(max=self.capacity))
 
     def prefix_visible(self, queries: int) -> torch.Tensor:
-        """Bool ``[n, queries, capacity]``: the committed slots of each image."""
+        """Bool ``[rows, queries, capacity]``: the committed slots of each batch row."""
         slots = torch.arange(self.kv.shape[4], device=self.length.device)
-        return ((slots < self.length[:, None]) & ~self.blocked).unsqueeze(1).expand(-1, queries, -1)
+        committed = self.layout.expand(slots < self.length[:, None])
+        return (committed & ~self.blocked).unsqueeze(1).expand(-1, queries, -1)
 
 
 def attention_mask(layout: RowLayout, past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """Combine per-image ``past [n, T, S]`` and ``new [n, T, T]`` visibility into ``[rows, 1, T, S + T]``."""
-    return layout.expand(torch.cat([past, new], dim=-1)).unsqueeze(1)
+    """Combine per-row ``past [rows, T, S]`` and per-image ``new [n, T, T]`` visibility into
+    ``[rows, 1, T, S + T]``."""
+    return torch.cat([past, layout.expand(new)], dim=-1).unsqueeze(1)
 
 
 def causal_within(count: torch.Tensor, length: int) -> torch.Tensor:

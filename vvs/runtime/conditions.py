@@ -27,9 +27,10 @@ class Conditioning(Protocol):
         """Checked conditions ``[n, ...]`` for ``target_prefill`` and their slot mask (None: every slot valid);
         bad input raises :class:`OptionsError`."""
 
-    def null(self, engines, conditions: torch.Tensor) -> torch.Tensor:
+    def null(self, engines, conditions: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The guidance null of the prepared ``conditions [n, ...]`` (one per image; a prompt's null may depend on
-        its prompt), in the graphs' dtype on the engines' device."""
+        its prompt), in the graphs' dtype on the engines' device, and the slots it attends (None where ``mask`` is
+        None: every slot; else ``[n, C]`` bool, which may be ``mask`` itself)."""
 
 
 def class_of(text: str, names) -> int | None:

@@ -97,8 +97,6 @@ class Decoding:
         self.conditions = conditions.to(self.dev, engines.dtype if conditions.is_floating_point() else conditions.dtype)
         self.kv = KVCache(self.layout, self._kv_buffer())
         self.caption_mask = None if caption_mask is None else caption_mask.to(self.dev)
-        if self.caption_mask is not None:  # padded caption slots stay invisible to every later query
-            self.kv.blocked[:, : self.C] = ~self.caption_mask
         # one spare column past the slack: writes that do not count land there (no data-dependent indexing)
         self.tokens = torch.zeros(self.n, self.N + self.slack + 1, dtype=torch.long, device=self.dev)
         self.count = torch.zeros(self.n, dtype=torch.long, device=self.dev)
@@ -162,19 +160,22 @@ class Decoding:
     def max_position(self) -> int:
         return self.cfg.max_positions - 1
 
-    def prefill_mask(self) -> torch.Tensor:
-        """Causal over the condition slots; with a left-padded caption, padded slots are seen by no other slot
-        (LlamaGen's ``generate``, see :func:`caption_causal_mask`)."""
-        if self.caption_mask is None:
-            return causal_mask(self.C, self.dev).expand(self.layout.rows, -1, -1, -1)
-        return self.layout.expand(caption_causal_mask(self.caption_mask, self.C))  # uncond rows reuse the cond mask
-
     def prefill(self) -> dict[str, torch.Tensor]:
+        """The condition slots of every row, guidance nulls included. With a left-padded condition, padded slots
+        are seen by no other slot, now or later (LlamaGen's ``generate``, see :func:`caption_causal_mask`); a null
+        attends the slots its family's conditioning says."""
         self.clock.section("verify")
-        uncond = self.engines.conditioning.null(self.engines, self.conditions) if self.layout.groups == 2 else None
-        condition = self.conditions if uncond is None else torch.cat([self.conditions, uncond])
-        out = self.engines.graphs["target_prefill"].run(condition=condition, attn_mask=self.prefill_mask(),
-                                                        cfg_mix=self.cfg_mix)
+        condition, slots = self.conditions, self.caption_mask
+        if self.layout.groups == 2:
+            uncond, uncond_slots = self.engines.conditioning.null(self.engines, self.conditions, self.caption_mask)
+            condition = torch.cat([condition, uncond])
+            slots = None if slots is None else torch.cat([slots, uncond_slots.to(self.dev)])
+        if slots is None:
+            mask = causal_mask(self.C, self.dev).expand(self.layout.rows, -1, -1, -1)
+        else:
+            mask = caption_causal_mask(slots, self.C)
+            self.kv.blocked[:, : self.C] = ~slots
+        out = self.engines.graphs["target_prefill"].run(condition=condition, attn_mask=mask, cfg_mix=self.cfg_mix)
         self.clock.section("other")
         c = torch.arange(self.C, device=self.dev)
         self.kv.commit(out["new_kv"], c.expand(self.n, -1), torch.full((self.n,), self.C, device=self.dev))
@@ -209,7 +210,7 @@ class Decoding:
         torch.index_select(self.kv.kv, 2, rows, out=kv)
         out = self.engines.graphs["target_verify"].run(
             input_ids=sub.expand(new_ids[images]), position_ids=sub.expand(positions[images]),
-            attn_mask=attention_mask(sub, past[images], new_visible[images]), past_kv=kv,
+            attn_mask=attention_mask(sub, past[rows], new_visible[images]), past_kv=kv,
             cfg_mix=cfg_matrix(m, self.opts.cfg_scale, device=self.dev))
         logits = out["logits"].new_zeros(self.n, *out["logits"].shape[1:])
         logits[images] = out["logits"]

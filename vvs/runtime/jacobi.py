@@ -278,9 +278,12 @@ class Jacobi:
     def group(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """GSD's group of each draft, beside the draft itself: ``(codes [..., g], member [..., g])``, the codes ranked
         around ``x`` by ``p`` and whether each is close enough to ``x`` in probability and latent space."""
-        # only sampled codes can join a group: codes above them (an inflated head's) have no latent and no mass
+        # only sampled codes can join a group: codes above them (an inflated head's, a forced end-of-line token)
+        # have no latent and no mass where the model chooses; a forced draft forms no group
         p = p[..., : len(self.d.cfg.sampled_ids)]
         opts, vocab = self.opts, p.shape[-1]
+        free = x < vocab
+        x = x.clamp(max=vocab - 1)
         g = opts.gsd_group_size
         order = p.argsort(-1, descending=True)
         px = p.gather(-1, x[..., None])
@@ -288,7 +291,7 @@ class Jacobi:
         at = rank + torch.arange(-(g // 2), g - g // 2, device=p.device)
         codes = order.gather(-1, at.clamp(0, vocab - 1))
         distance = (self.latent[codes] - self.latent[x][..., None, :]).pow(2).sum(-1)
-        member = ((at >= 0) & (at < vocab) & (codes != x[..., None])
+        member = (free[..., None] & (at >= 0) & (at < vocab) & (codes != x[..., None])
                   & ((p.gather(-1, codes) - px).abs() < opts.gsd_prob_gap) & (distance < opts.gsd_distance))
         return codes, member
 

@@ -2,10 +2,8 @@
 by the LlamaGen machinery and the shared speculative loop."""
 from __future__ import annotations
 
-import click
-
 from vvs.families.base import Family
-from vvs.families.llamagen.family import BENCH_MODES, DECODING_FLAGS, EXPORT_OPTIONS, MODE_HELP
+from vvs.families.llamagen.family import BENCH_MODES, DECODING_FLAGS, EXPORT_OPTIONS, MODE_HELP, PROMPT_TOKENS
 from vvs.runtime.options import DecodeOptions
 
 SCALE_SIZES = ("Janus-Pro-1B", "Janus-Pro-7B")  # vvs-bench --scale
@@ -28,10 +26,7 @@ FAMILY = Family(
     num_classes=lambda manifest: 0,
     export_options=(
         *EXPORT_OPTIONS,
-        click.Option(["--prompt-tokens"], type=click.IntRange(4, 4096), default=64, show_default=True,
-                     help="The longest prompt the folder takes, in tokens with the chat template (shorter ones are "
-                          "left-padded): the target's prompt slots. For --checkpoint folders; the shipped pair has "
-                          "its own 48."),
+        PROMPT_TOKENS,
     ),
     decoding_flags=DECODING_FLAGS,
     export=f"{M}.bundle:export_from_options",

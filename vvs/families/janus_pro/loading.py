@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from vvs.families.janus_pro.model import JanusConfig, JanusGen
-from vvs.models.loading import CheckpointError, config_from_meta, load_state, read_checkpoint
+from vvs.models.loading import CheckpointError, config_from_meta, load_state, read_checkpoint, read_hf_weights
 from vvs.models.vq import VQModel, vq_config
 
 # keys of an official checkpoint that image generation does not use
@@ -23,8 +23,6 @@ UNUSED = ("vision_model.", "aligner.", "language_model.lm_head.")
 VQ_PREFIX = "gen_vision_model."
 # the special tokens a prompt is built from, by the names the official tokenizer gives them
 SPECIAL_TOKENS = {"bos_id": "<｜begin▁of▁sentence｜>", "pad_id": "<｜▁pad▁｜>", "boi_id": "<begin_of_image>"}
-WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 def official_config(folder: Path, prompt_slots: int, grid_size: int = 24) -> tuple[JanusConfig, str]:
@@ -97,28 +95,6 @@ def special_token_ids(folder: Path, vocab: int) -> dict[str, int]:
     return ids
 
 
-def read_official_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's weights, from one file or the shards its index lists."""
-    index = next((folder / n for n in WEIGHT_INDEXES if (folder / n).is_file()), None)
-    if index is not None:
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            raise CheckpointError(index, f"not a weight index (weight_map of key -> shard): {err}") from None
-        files = [folder / s for s in shards]
-    else:
-        single = next((folder / n for n in WEIGHT_FILES if (folder / n).is_file()), None)
-        if single is None:
-            raise CheckpointError(folder, f"no weights: expected {' or '.join(WEIGHT_FILES)}, or an index "
-                                          f"({' / '.join(WEIGHT_INDEXES)}) with its shards")
-        files = [single]
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        part, _ = read_checkpoint(file)
-        state.update(part)
-    return state
-
-
 def load_official(folder, prompt_slots: int = 64, grid_size: int = 24) -> tuple[JanusGen, VQModel]:
     """The generation path of an official Janus-Pro folder: the target and its VQ-16 tokenizer, in float32.
     ``grid_size``: 24, the official script's 576 codes (384 px); tests use smaller grids."""
@@ -127,7 +103,7 @@ def load_official(folder, prompt_slots: int = 64, grid_size: int = 24) -> tuple[
         raise CheckpointError(folder, "not a folder: give the folder of an official Janus-Pro checkpoint "
                                       "(config.json, weights, tokenizer.json)")
     config, vq_name = official_config(folder, prompt_slots, grid_size)
-    state = read_official_weights(folder)
+    state = read_hf_weights(folder)
     vq_state = {k.removeprefix(VQ_PREFIX): v for k, v in state.items() if k.startswith(VQ_PREFIX)}
     target_state = {k: v for k, v in state.items() if not k.startswith((VQ_PREFIX, *UNUSED))}
     target = JanusGen(config)

@@ -10,15 +10,10 @@ which is what transformers' ``generate`` does with a left-padded batch.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import torch
-from tokenizers import Tokenizer
 
 from vvs.families.janus_pro.model import JanusConfig, guidance_null
-from vvs.runtime.options import OptionsError
-from vvs.text.encoder import check_prompts
+from vvs.text import prompts
 
 USER, ASSISTANT = "<|User|>", "<|Assistant|>"
 IMAGE_START = "<begin_of_image>"
@@ -29,53 +24,15 @@ def conversation(prompt: str) -> str:
     return f"{USER}: {prompt}\n\n{ASSISTANT}:{IMAGE_START}"
 
 
-class PromptIds:
-    """A folder's prompt builder: the model's own ``tokenizer.json`` and its special ids."""
+class PromptIds(prompts.PromptIds):
+    """Janus-Pro's prompt builder (the official tokenizer's leading BOS, then the conversation)."""
 
-    def __init__(self, tokenizer: Tokenizer, config: JanusConfig):
-        self.tokenizer, self.config = tokenizer, config
-
-    @classmethod
-    def from_file(cls, path: Path | str, config: JanusConfig) -> "PromptIds":
-        return cls(Tokenizer.from_file(str(path)), config)
+    template = "the chat template"
 
     def ids(self, prompt: str) -> list[int]:
         return [self.config.bos_id] + self.tokenizer.encode(conversation(prompt), add_special_tokens=False).ids
 
-    def encode(self, prompts) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded ids ``[n, C]`` (pad id in the padded slots) and their bool mask ``[n, C]``."""
-        prompts = check_prompts(prompts)
-        c, pad = self.config.cls_token_num, self.config.pad_id
-        rows = [self.ids(p) for p in prompts]
-        too_long = next(((p, r) for p, r in zip(prompts, rows) if len(r) > c), None)
-        if too_long is not None:
-            prompt, row = too_long
-            raise OptionsError(f"prompt {prompt[:40]!r}{'...' if len(prompt) > 40 else ''} is {len(row)} tokens with "
-                               f"the chat template; this folder takes at most {c}: shorten it, or re-export with "
-                               f"--prompt-tokens {len(row)} or more")
-        ids = torch.full((len(rows), c), pad, dtype=torch.long)
-        mask = torch.zeros(len(rows), c, dtype=torch.bool)
-        for i, row in enumerate(rows):
-            ids[i, c - len(row):] = torch.tensor(row)
-            mask[i, c - len(row):] = True
-        return ids, mask
 
-
-class PromptConditioning:
-    """The loop's conditioning hook (:class:`vvs.runtime.conditions.Conditioning`) for Janus-Pro: prompts in,
-    left-padded ids and their mask out; guidance's null built from each prompt's ids."""
-
-    kind = "text"
-
-    def __init__(self, prompts: PromptIds):
-        self.prompts = prompts
-
-    def prepare(self, engines, conditions, caption_mask):
-        if caption_mask is not None:
-            raise OptionsError("caption_mask goes with LlamaGen's caption embeddings; Janus-Pro takes prompts only")
-        if isinstance(conditions, (torch.Tensor, np.ndarray)):
-            raise OptionsError("this model takes prompts (a list of strings), not a tensor")
-        return self.prompts.encode(conditions)
-
-    def null(self, engines, conditions: torch.Tensor) -> torch.Tensor:
-        return guidance_null(conditions, self.prompts.config.pad_id)
+def null(ids: torch.Tensor, mask: torch.Tensor, config: JanusConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The official null, over its prompt's slots (padding included, as the official script attends it)."""
+    return guidance_null(ids, config.pad_id), mask

@@ -24,8 +24,8 @@ class ClassConditioning:
                                "class ids or names only")
         return class_ids(conditions, self.num_classes, self.names), None
 
-    def null(self, engines, conditions: torch.Tensor) -> torch.Tensor:
-        return torch.full((conditions.shape[0],), self.null_class, dtype=torch.long, device=engines.device)
+    def null(self, engines, conditions: torch.Tensor, mask: None) -> tuple[torch.Tensor, None]:
+        return torch.full((conditions.shape[0],), self.null_class, dtype=torch.long, device=engines.device), None
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,9 @@ class CaptionConditioning:
                                "meaning here")
         return captions(conditions, caption_mask, self.slots, self.width)
 
-    def null(self, engines, conditions: torch.Tensor) -> torch.Tensor:
-        return self.uncond_embedding.to(engines.device, engines.dtype).expand(conditions.shape[0], -1, -1)
+    def null(self, engines, conditions: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The learnt null caption, seen through its prompt's slot mask (as LlamaGen's ``generate`` does)."""
+        return self.uncond_embedding.to(engines.device, engines.dtype).expand(conditions.shape[0], -1, -1), mask
 
 
 def conditioning(target, uncond_embedding: torch.Tensor | None, class_names=()):

@@ -30,6 +30,10 @@ class DrafterConfig:
     num_hidden_layers: int = 1
     rms_norm_eps: float = 1e-6
     fc_bias: bool = True  # LANTERN's config has no "bias" key, and the fc then has a bias
+    # a Chameleon target's drafter (LANTERN's for Lumina-mGPT): its layers have the target's query/key norms, and
+    # its first layer normalises the fused input
+    qk_norm_groups: int = 0
+    first_input_norm: bool = False
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
@@ -41,12 +45,14 @@ class DrafterConfig:
 
     @classmethod
     def for_target(cls, target: GPTConfig, **overrides) -> "DrafterConfig":
-        """LANTERN's rule: the drafter config equals the target's except for the number of layers."""
+        """LANTERN's rule: the drafter config equals the target's except for the number of layers (a target
+        config's ``drafter_fields()``, where it has one, says what else its drafters take from it)."""
         fields = dict(
             hidden_size=target.dim,
             intermediate_size=target.ffn_hidden,
             num_attention_heads=target.n_head,
             vocab_size=target.vocab_size,
+            **(target.drafter_fields() if hasattr(target, "drafter_fields") else {}),
         )
         fields.update(overrides)
         return cls(**fields)
@@ -61,14 +67,17 @@ class DrafterConfig:
         heads = data["num_attention_heads"]
         if data.get("num_key_value_heads", heads) != heads:
             raise ValueError("num_key_value_heads must equal num_attention_heads (LlamaGen has no grouped-query attention)")
+        chameleon = data.get("model_type") == "chameleon"  # LANTERN's Lumina-mGPT drafter
         return cls(
             hidden_size=data["hidden_size"],
             intermediate_size=data["intermediate_size"],
             num_attention_heads=heads,
             vocab_size=data["vocab_size"],
             num_hidden_layers=data.get("num_hidden_layers", 1),
-            rms_norm_eps=data.get("rms_norm_eps", 1e-6),
+            rms_norm_eps=data.get("rms_norm_eps", 1e-5 if chameleon else 1e-6),
             fc_bias=data.get("bias", True),
+            qk_norm_groups=data.get("model_parallel_size", 1) if chameleon else 0,
+            first_input_norm=chameleon,
         )
 
     def to_hf_json(self) -> dict:
@@ -107,10 +116,12 @@ class Drafter(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # a frozen copy of the target's table
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
-        # EAGLE: the fused input is not normalised before the first layer's attention
+        # EAGLE: the fused input is not normalised before the first layer's attention (LANTERN's Chameleon drafter
+        # normalises it)
         self.layers = nn.ModuleList(
             LlamaLayer(config.hidden_size, config.num_attention_heads, config.intermediate_size, config.rms_norm_eps,
-                       input_norm=i > 0) for i in range(config.num_hidden_layers))
+                       input_norm=i > 0 or config.first_input_norm, qk_norm_groups=config.qk_norm_groups)
+            for i in range(config.num_hidden_layers))
         self.rotary = target.rotary()
         for m in self.modules():
             if isinstance(m, nn.Linear):

@@ -18,7 +18,6 @@ from vvs.families.llamagen.graphs import DraftTreeGraph, build_graphs, draft_tre
 from vvs.families.llamagen.loading import load_drafter
 from vvs.families.registry import family_of
 from vvs.models.layers import cast_floating
-from vvs.models.loading import load_vq
 from vvs.runtime.options import DecodeOptions, TreeShape
 
 
@@ -66,6 +65,7 @@ def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device)
         conditioning=arch.conditioning(target, tables, manifest["model"], prompt_tokenizer(folder, manifest)),
         neighbour_table=tables["neighbours"].to(device),
         default_options=manifest["decoding_defaults"],
+        token_layout=arch.token_layout and arch.token_layout(target),
     )
     if "draft_tree" in graphs:
         engines.trees[TreeShape(*manifest["graphs"]["draft_tree"]["tree"])] = graphs["draft_tree"]
@@ -149,6 +149,7 @@ def torch_engines(bundle: ModelBundle, device: str | torch.device = "cpu", dtype
         default_options=dict(default_options or {}),
         conditioning=bundle.arch.conditioning(bundle.target.config, tables, {}, bundle.tokenizer),
         tree_loader=None if bundle.drafter is None else tree_loader,
+        token_layout=bundle.arch.token_layout and bundle.arch.token_layout(bundle.target.config),
     )
     if engines.has_drafter:
         engines.trees[tree] = engines.graphs["draft_tree"]
@@ -194,7 +195,7 @@ def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_gra
         verify_files(folder, manifest, [CALIBRATION])
         target = quantize_target(target, arch.int8, load_file(folder / CALIBRATION))
     drafter = load_drafter(folder / TORCH_WEIGHTS["drafter"], target.config) if "drafter" in manifest["model"] else None
-    bundle = ModelBundle(target, drafter, load_vq(folder / TORCH_WEIGHTS["vq"]), manifest["model"]["family"],
+    bundle = ModelBundle(target, drafter, arch.load_vq(folder / TORCH_WEIGHTS["vq"]), manifest["model"]["family"],
                          prompt_tokenizer(folder, manifest))
     dtype = torch.float16 if manifest["precision"] in ("fp16", "int8") else torch.float32
     engines = torch_engines(bundle, device, dtype, manifest["max_draft_top_k"], manifest["decoding_defaults"])

@@ -117,7 +117,7 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
         files.append(work / TABLES)
         # the torch weights too, so one folder serves every backend (and TensorRT rebuilds need only the ONNX)
         for name, model, kind in (("target", source.target, bundle.arch.kind), ("drafter", source.drafter, "drafter"),
-                                  ("vq", source.vq, "vq")):
+                                  ("vq", source.vq, bundle.arch.vq_kind)):
             if model is not None:
                 files.append(save_model(model, work / TORCH_WEIGHTS[name], kind))
         if bundle.tokenizer is not None:  # the target reads prompt ids: its own tokenizer travels with it
@@ -241,7 +241,8 @@ def tensorrt_profiles(manifest: dict, name: str, max_images: int) -> list[dict[s
     spec = graph_spec(manifest, name)
     target = manifest["model"]["target"]
     opts = DecodeOptions.from_dict(manifest["decoding_defaults"])
-    c, n = target["cls_token_num"], target["grid_size"] ** 2
+    config = family_of(manifest).entry("target_arch").config(**target)
+    c, n = config.cls_token_num, config.num_image_tokens
     base = KVCache.slots(c + n + 2 * opts.max_path_tokens)  # the runtime's cache buffers
     past = (c + n, base, c + n + PAST_SLACK) if name in ("target_verify", "draft_tree") else (0, 0, 0)
     news = buckets(name, c, opts) or [0]
@@ -250,7 +251,7 @@ def tensorrt_profiles(manifest: dict, name: str, max_images: int) -> list[dict[s
         ranges = {"batch": (1, 2 * max_images, 2 * max_images), "images": (1, max_images, max_images),
                   "new": (new, new, new), "past": past,
                   "past_plus_new": tuple(p + new for p in past),
-                  "survivors_k": ((1,), (1,), (min(target["vocab_size"], TOPK_LIMIT),))}
+                  "survivors_k": ((1,), (1,), (min(config.vocab_size, TOPK_LIMIT),))}
         profiles.append(profile_of(spec, ranges))
     return profiles
 

@@ -36,6 +36,11 @@ EXPORT_OPTIONS = (
     click.Option(["--lantern-k"], type=click.IntRange(1), default=None,
                  help="LANTERN neighbours stored per code (default: the decoding default lantern_k)."),
 )
+# the prompt-id families' (Janus-Pro, Lumina-mGPT): one option object, so the command shows it once
+PROMPT_TOKENS = click.Option(
+    ["--prompt-tokens"], type=click.IntRange(4, 4096), default=64, show_default=True,
+    help="The longest prompt the folder takes, in tokens with the model's template (shorter ones are left-padded): "
+         "the target's prompt slots. For --checkpoint folders; a shipped pair has its own.")
 DECODING_FLAGS = (
     DecodingFlag("--temperature", "temperature", float, "Sampling temperature; 0 means greedy."),
     DecodingFlag("--top-k", "top_k", int, "Keep the k most likely tokens (0: all)."),

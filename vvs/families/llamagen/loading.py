@@ -66,6 +66,8 @@ def load_drafter(path, target: GPTConfig) -> Drafter:
         if weights is None:
             raise CheckpointError(path, "drafter folder has neither model.safetensors nor pytorch_model.bin")
         state, _ = read_checkpoint(weights)
+        if hasattr(target, "stream_ids") and config.vocab_size != target.vocab_size:
+            state, config = _stream_rows(state, config, target, weights)
     else:
         weights = path
         state, meta = read_checkpoint(path)
@@ -79,6 +81,19 @@ def load_drafter(path, target: GPTConfig) -> Drafter:
         raise CheckpointError(weights, f"drafter does not fit the target: {err}") from None
     load_state(model, state, weights)
     return model.eval()
+
+
+def _stream_rows(state: dict, config: DrafterConfig, target, path) -> tuple[dict, DrafterConfig]:
+    """A drafter over a joint text + image vocabulary (LANTERN's for Lumina-mGPT copies the target's whole embedding
+    table) keeps the rows of the ids the image stream takes, in the stream's order."""
+    import dataclasses
+
+    table = state.get("embed_tokens.weight")
+    if table is None or table.shape[0] != target.joint_vocab_size:
+        raise CheckpointError(path, f"the drafter's embed_tokens has {None if table is None else table.shape[0]} rows; "
+                                    f"the target's vocabulary {target.joint_vocab_size}")
+    state = {**state, "embed_tokens.weight": table[list(target.stream_ids)]}
+    return state, dataclasses.replace(config, vocab_size=target.vocab_size)
 
 
 def _diff(a, b) -> str:

@@ -1,4 +1,5 @@
-"""Train an EAGLE/LANTERN drafter for any target of the LlamaGen machinery (LlamaGen's GPT, Janus-Pro) (the recipe of LANTERN's ``train_drafter``).
+"""Train an EAGLE/LANTERN drafter for any target of the LlamaGen machinery (LlamaGen's GPT, Janus-Pro, Lumina-mGPT)
+(the recipe of LANTERN's ``train_drafter``).
 
 Data: token sequences ``[M, N]`` of real images (ground-truth codes) with their conditions. Per batch the
 frozen target runs teacher-forced over ``[condition ‖ tokens]`` (with probability ``class_dropout`` on the
@@ -10,6 +11,7 @@ is trained to regress ``h[p + 1]`` (SmoothL1) and to match the target's distribu
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -21,13 +23,20 @@ from vvs.train.loop import Schedule, train
 
 
 def drafter_batch(target: GPT, conditions: torch.Tensor, tokens: torch.Tensor, class_dropout: float,
-                  gen: torch.Generator, caption_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                  gen: torch.Generator, caption_mask: torch.Tensor | None = None,
+                  null: Callable | None = None) -> tuple[torch.Tensor, ...]:
     """Teacher-forced target features for one batch: ``(ids, positions, features, target_features)``.
-    A dropped caption is replaced by the unconditional one under the same padding mask, as at inference."""
+    A dropped condition is replaced by its guidance null, seen through the slots the null attends at inference:
+    ``null(conditions, caption_mask) -> (nulls, their mask)``; None: the target's ``null_condition`` under the
+    condition's own mask."""
     cfg = target.config
     b = tokens.shape[0]
     drop = torch.rand(b, generator=gen) < class_dropout
-    conditions = torch.where(drop.view(b, *[1] * (conditions.dim() - 1)), target.null_condition(conditions), conditions)
+    nulls, null_mask = (target.null_condition(conditions), caption_mask) if null is None else null(conditions,
+                                                                                                   caption_mask)
+    conditions = torch.where(drop.view(b, *[1] * (conditions.dim() - 1)), nulls, conditions)
+    if caption_mask is not None:
+        caption_mask = torch.where(drop[:, None], null_mask, caption_mask)
     mask = None if caption_mask is None else caption_causal_mask(caption_mask, cfg.cls_token_num + tokens.shape[1])
     with torch.no_grad():
         hidden = target.teacher_forced(conditions, tokens, mask).hidden  # [b, C + N, D]
@@ -54,9 +63,10 @@ def drafter_loss(drafter: Drafter, head: torch.nn.Linear, ids, positions, featur
 
 def train_drafter(target: GPT, conditions: torch.Tensor, tokens: torch.Tensor, out_dir: Path, seed: int,
                   steps: int = 1500, batch: int = 16, lr: float = 1e-3, class_dropout: float = 0.1,
-                  config: DrafterConfig | None = None, caption_mask: torch.Tensor | None = None) -> Drafter:
+                  config: DrafterConfig | None = None, caption_mask: torch.Tensor | None = None,
+                  null: Callable | None = None) -> Drafter:
     """``conditions [M]`` class ids, or ``[M, C, ...]`` left-padded captions or prompt ids with
-    ``caption_mask [M, C]``; ``tokens [M, N]`` the images' codes."""
+    ``caption_mask [M, C]``; ``tokens [M, N]`` the images' stream tokens; ``null``: see :func:`drafter_batch`."""
     target.eval().requires_grad_(False)
     torch.manual_seed(seed)
     drafter = Drafter(config or DrafterConfig.for_target(target.config), target.config)
@@ -67,7 +77,7 @@ def train_drafter(target: GPT, conditions: torch.Tensor, tokens: torch.Tensor, o
     def step_fn(step: int, gen: torch.Generator):
         pick = torch.randint(0, len(tokens), (batch,), generator=gen)
         masks = None if caption_mask is None else caption_mask[pick]
-        ids, pos, feats, goals = drafter_batch(target, conditions[pick], tokens[pick], class_dropout, gen, masks)
+        ids, pos, feats, goals = drafter_batch(target, conditions[pick], tokens[pick], class_dropout, gen, masks, null)
         return drafter_loss(drafter, target.head, ids, pos, feats, goals, first_slot, noise, gen)
 
     train("drafter", drafter, step_fn, Schedule(steps=steps, lr=lr, warmup=min(100, steps // 10)), out_dir, seed)
