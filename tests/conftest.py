@@ -1,4 +1,6 @@
 """Shared fixtures: small random LlamaGen models with a drafter briefly trained on the target's own samples."""
+import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,12 @@ from vvs.families.llamagen.train_drafter import train_drafter
 TINY_CLASSES = ["tench", "goldfish", "great white shark", "tiger shark", "hammerhead", "electric ray", "stingray",
                 "cock", "hen", "ostrich"]  # the tiny c2i folder's class names (ImageNet's first ten)
 SMALL = dict(tree_size=12, depth=3, draft_top_k=4, top_k=0, lantern_k=4, skip_warmup_tokens=3)
+
+
+# The suite runs on two pytest-xdist workers on two cores (pyproject's addopts): one torch thread each, so that two
+# compute-bound tests do not oversubscribe the cores (a test that needs a thread count sets its own)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 def small_bundle(tmp: Path, vocab=16, grid=4, seed=0, model_type="c2i") -> ModelBundle:
@@ -149,4 +157,37 @@ def janus_folder(janus_bundle, tmp_path_factory):
     out = tmp_path_factory.mktemp("janus-engines") / "engines-janus"
     small = {"tree_size": 6, "depth": 2, "draft_top_k": 2, "lantern_k": 4}
     export_folder(janus_bundle, out, decoding_defaults={**DECODING_DEFAULTS, **small}, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def lumina_official(tmp_path_factory):
+    """Stand-ins of an official Lumina-mGPT folder and Chameleon's tokenizer folder, and the transformers model the
+    folder holds (:mod:`tests.lumina_reference`)."""
+    from tests.lumina_reference import hf_chameleon, write_official_folder, write_tokenizer_folder
+
+    root = tmp_path_factory.mktemp("lumina")
+    model = hf_chameleon(per_head_norms=False, seed=1)
+    folder = write_official_folder(model, root / "Lumina-mGPT-7B-512", lumina_layout=True)
+    return folder, write_tokenizer_folder(root / "chameleon-tokenizer"), model
+
+
+@pytest.fixture(scope="session")
+def lumina_bundle(lumina_official):
+    """The stand-ins loaded as a bundle at a 4 x 4 grid, with a random drafter of Chameleon layers (its embedding
+    table the target's)."""
+    from tests.lumina_reference import GRID, SLOTS, random_drafter
+    from vvs.families.lumina_mgpt.bundle import load_bundle
+
+    bundle = load_bundle(str(lumina_official[0]), str(lumina_official[1]), prompt_tokens=SLOTS, resolution=GRID * 16)
+    return dataclasses.replace(bundle, drafter=random_drafter(bundle.target))
+
+
+@pytest.fixture(scope="session")
+def lumina_int8_folder(lumina_bundle, tmp_path_factory):
+    """The Lumina-mGPT stand-in exported with --precision int8 (shared by the TensorRT-RTX build and ORT tests)."""
+    from vvs.families.llamagen.exporter import export_folder
+
+    out = tmp_path_factory.mktemp("lumina-int8") / "engines-lumina-int8"
+    export_folder(lumina_bundle, out, precision="int8", decoding_defaults=dict(SMALL, cfg_scale=3.0), progress=False)
     return out

@@ -134,3 +134,46 @@ def test_an_injected_bug_fails_it_on_a_janus_target(janus_pipe, monkeypatch):
     monkeypatch.setattr(decode, "sample_accept", tempered)
     _, (joint, _) = janus_fit(janus_pipe, "sd", SETTINGS["guidance"])
     assert joint < FAIL
+
+
+# ---------------------------------------------------------------------------- Lumina-mGPT
+# The instrument on a Chameleon target: a joint vocabulary read through the stream's ids, an end-of-line token forced
+# after every row (one-hot in the reference), and a guidance null that attends only the start and size tokens, so
+# the teacher-forced reference masks each row as the runtime does.
+LUMINA_PROMPT = "a red bird on the hill"
+
+
+@pytest.fixture(scope="module")
+def lumina_pipe(tmp_path_factory):
+    from tests.conftest import SMALL
+    from tests.lumina_reference import tiny_lumina_bundle
+    from vvs.families.llamagen.engines import torch_engines
+    from vvs.runtime.options import DecodeOptions
+    from vvs.runtime.pipeline import Pipeline
+
+    bundle = tiny_lumina_bundle(tmp_path_factory.mktemp("lumina-tiny"))
+    return Pipeline(torch_engines(bundle), DecodeOptions(**SMALL), max_batch=JANUS_IMAGES)
+
+
+def lumina_fit(pipe, mode: str, setting: dict, **options):
+    prompts = [LUMINA_PROMPT] * JANUS_IMAGES
+    ids, slots = pipe.engines.conditioning.prepare(pipe.engines, prompts, None)
+    gen = pipe.generate(prompts, mode=mode, seed=0, decode_images=False, **setting, **options)
+    probs = conditionals(pipe, ids, gen.tokens, setting["cfg_scale"], setting["temperature"],
+                         setting.get("top_k", 0), setting.get("top_p", 1.0), slots)
+    return gen, pit_pvalues(probs, gen.tokens)
+
+
+@pytest.mark.parametrize("mode, options", [("ar", {}), ("sd", {}),
+                                           ("sjd-pac", dict(window=9, pac_tree_width=2, pac_tree_depth=3))])
+def test_exact_modes_draw_from_a_lumina_target(lumina_pipe, mode, options):
+    gen, (joint, position) = lumina_fit(lumina_pipe, mode, SETTINGS["all"], **options)
+    assert joint > PASS and position > PASS, (joint, position)
+    if mode == "sd":
+        assert gen.aggregate()["mean_accept_length"] > 1.5, "the test should exercise multi-token acceptance"
+
+
+def test_an_injected_bug_fails_it_on_a_lumina_target(lumina_pipe, monkeypatch):
+    monkeypatch.setattr(decode, "sample_accept", tempered)
+    _, (joint, _) = lumina_fit(lumina_pipe, "sd", SETTINGS["guidance"])
+    assert joint < FAIL

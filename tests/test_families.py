@@ -108,15 +108,15 @@ def test_a_manifest_missing_its_familys_part_is_one_error(tiny_folder):
     with pytest.raises(EngineFolderError, match=r"model: 'vq' is a required property"):
         check_manifest(manifest, tiny_folder / "manifest.json")
     manifest["model"]["family"] = "gpt-9"
-    with pytest.raises(EngineFolderError, match=r"model.family: 'gpt-9' is not one of \['llamagen', 'mar', 'janus-pro'\]"):
+    with pytest.raises(EngineFolderError, match=r"model.family: 'gpt-9' is not one of \['llamagen', 'mar', 'janus-pro', 'lumina-mgpt'\]"):
         check_manifest(manifest, tiny_folder / "manifest.json")
 
 
 @pytest.mark.parametrize("model, args, message", [
     ("mar", ["--t2i"], "option --t2i: applies to --model llamagen only"),
-    ("mar", ["--precision", "fp16"], "option --precision: applies to --model llamagen or janus-pro only"),
-    ("mar", ["--max-draft-top-k", "4"], "option --max-draft-top-k: applies to --model llamagen or janus-pro only"),
-    ("llamagen", ["--prompt-tokens", "32"], "option --prompt-tokens: applies to --model janus-pro only"),
+    ("mar", ["--precision", "fp16"], "option --precision: applies to --model llamagen, janus-pro or lumina-mgpt only"),
+    ("mar", ["--max-draft-top-k", "4"], "option --max-draft-top-k: applies to --model llamagen, janus-pro or lumina-mgpt only"),
+    ("llamagen", ["--prompt-tokens", "32"], "option --prompt-tokens: applies to --model janus-pro or lumina-mgpt only"),
     ("janus-pro", ["--t2i"], "option --t2i: applies to --model llamagen only"),
     ("llamagen", ["--vae", "kl16.ckpt"], "option --vae: applies to --model mar only"),
     ("llamagen", ["--draft-config", "mar_base"], "option --draft-config: applies to --model mar only"),
@@ -132,7 +132,7 @@ def test_another_familys_export_option_is_a_one_line_error(tmp_path, capsys, mon
 
 
 def test_export_help_groups_each_familys_options(capsys, monkeypatch):
-    """Each option sits under the heading of the families that take it (LlamaGen and Janus-Pro share some)."""
+    """Each option sits under the heading of the families that take it (the discrete-token families share some)."""
     from vvs.cli.common import family_heading
     from vvs.cli.export import main
 
@@ -144,7 +144,7 @@ def test_export_help_groups_each_familys_options(capsys, monkeypatch):
     for family in FAMILIES.values():
         for option in family.export_options:
             owners.setdefault(option.opts[0], []).append(family.name)
-    assert "LlamaGen options:" in by_heading and "MAR options:" in by_heading and "Janus-Pro options:" in by_heading
+    assert {"LlamaGen options:", "MAR options:", "Janus-Pro and Lumina-mGPT options:"} <= set(by_heading)
     for flag, names in owners.items():
         homes = [h for h, s in by_heading.items() if re.search(rf"^\s+{re.escape(flag)}\b", s, re.M)]
         assert homes == [family_heading(names) + ":"], (flag, homes)
@@ -155,11 +155,12 @@ def test_run_help_groups_single_family_decoding_flags(capsys, monkeypatch):
 
     code, out, _ = run_cli(main, ["--help"], capsys, monkeypatch)
     assert code == 0
-    llamagen = out.split("LlamaGen and Janus-Pro options:")[1].split("MAR options:")[0]  # one decoding machinery
+    machinery = "LlamaGen, Janus-Pro and Lumina-mGPT options:"  # one decoding machinery
+    llamagen = out.split(machinery)[1].split("MAR options:")[0]
     mar = out.split("MAR options:")[1]
     assert "--tree-size" in llamagen and "--num-iter" not in llamagen
     assert "--accept-rule" in mar and "--tree-size" not in mar
-    shared = out.split("LlamaGen and Janus-Pro options:")[0]
+    shared = out.split(machinery)[0]
     assert "--cfg" in shared and "--temperature" in shared  # every family takes them
 
 

@@ -22,6 +22,7 @@ GOLDEN = Path(__file__).parent / "golden" / "shipped_tokens.safetensors"
 C2I_MODES = ("ar", "sd", "lantern", "vvs-uniform", "vvs-dynamic")
 C2I_SETTINGS = {"greedy": {"temperature": 0.0}, "sampled": {}}
 FILTERED = {"top_k": 40, "top_p": 0.8}  # both filters, on the lossless and the skipping speculative mode
+C2I_LABELS, C2I_SEED = [0, 9], 3  # as recorded: image i of a call has seed 3 + i
 T2I_PROMPTS = ["a photo of a cat on a sofa", "a red bird on a branch", "a bowl of soup"]
 MAR_MODES = ("ar", "cspd")
 # CPU matmuls reduce in an order that depends on the intra-op thread count, and a near-tie between two codes can
@@ -70,14 +71,14 @@ def mar_pipeline():
                                          default_options=b.decoding_defaults))
 
 
-def c2i_tokens(pipe) -> dict[str, torch.Tensor]:
+def c2i_tokens(pipe, labels: list[int] = C2I_LABELS, seed: int = C2I_SEED) -> dict[str, torch.Tensor]:
     from vvs.runtime.options import MODE_NAMES
 
-    labels = torch.tensor([0, 9])
     runs = {f"c2i/{mode}/{name}": {**MODE_NAMES[mode], **setting}
             for mode in C2I_MODES for name, setting in C2I_SETTINGS.items()}
     runs.update({f"c2i/{mode}/top-k-top-p": {**MODE_NAMES[mode], **FILTERED} for mode in ("sd", "vvs-uniform")})
-    return {key: pipe.generate(labels, seed=3, decode_images=False, **options).tokens for key, options in runs.items()}
+    return {key: pipe.generate(torch.tensor(labels), seed=seed, decode_images=False, **options).tokens
+            for key, options in runs.items()}
 
 
 def t2i_tokens(pipe) -> dict[str, torch.Tensor]:
@@ -99,8 +100,10 @@ def golden():
 
 @pytest.mark.slow
 def test_c2i_tokens_are_the_recorded_ones(golden):
-    for key, tokens in c2i_tokens(c2i_pipeline()).items():
-        assert torch.equal(tokens, golden[key]), key
+    """The second recorded image of each setting, decoded alone (an image depends only on its class, its seed and
+    the options; batches are tested elsewhere): half the float64 work of decoding both."""
+    for key, tokens in c2i_tokens(c2i_pipeline(), [C2I_LABELS[1]], C2I_SEED + 1).items():
+        assert torch.equal(tokens, golden[key][1:]), key
 
 
 def test_t2i_tokens_from_prompts_are_the_recorded_ones(golden):
@@ -162,6 +165,7 @@ def test_old_folders_decode_as_they_did(tiny_folder):
     # recorded since: the image size (every folder), the class names (this fixture's); format 2's additions
     new["model"] = {k: v for k, v in new["model"].items() if k not in ("image_size", "classes")}
     assert new["model"]["target"].pop("sampled_codes") is None
+    assert (new["model"]["drafter"].pop("qk_norm_groups"), new["model"]["drafter"].pop("first_input_norm")) == (0, False)
     tree_inputs = new["graphs"]["draft_tree"]["spec"]["inputs"]
     assert tree_inputs.pop() == {"name": "survivors_k", "dtype": "int64", "shape": [1], "host": True}
     assert new["graphs"]["draft_tree"].pop("weights") == "fp32"

@@ -179,7 +179,7 @@ def test_vvs_run_on_a_mar_folder(folder, tmp_path):
     assert stats["aggregate"]["cspd"]["drafter_forwards"] == 8
     bad = run_cli("--engine", str(folder), "--top-p", "0.5", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "vvs-run: error: option --top-p: applies to LlamaGen and Janus-Pro engine folders only; this folder holds a "
+        "vvs-run: error: option --top-p: applies to LlamaGen, Janus-Pro and Lumina-mGPT engine folders only; this folder holds a "
             "MAR model"]
     bad = run_cli("--engine", str(folder), "--draft-steps", "0", cwd=tmp_path)
     assert bad.returncode == 2 and "option --draft-steps 0: must be >= 1" in bad.stderr

@@ -174,3 +174,18 @@ def test_a_graph_the_builder_rejects_names_the_graph(tiny_folder, tmp_path):
 def test_compute_capability_only_for_rtx():
     with pytest.raises(VVSError, match="only --backend tensorrt-rtx builds for chosen GPUs"):
         build_folder("nowhere", "tensorrt", compute_capabilities=[(8, 9)])
+
+
+def test_a_lumina_folder_builds(lumina_int8_folder, tmp_path):
+    """Lumina-mGPT's graphs (prompt ids in, the joint vocabulary's embedding gathered by stream id, the head's stream
+    rows out, Chameleon's query/key norms and VQGAN) as SmoothQuant W8A8 Q/DQ layers in half precision, through the
+    same builder, with the network I/O its specs declare."""
+    folder = tmp_path / "lumina"
+    shutil.copytree(lumina_int8_folder, folder)
+    build_folder(folder, "tensorrt-rtx", max_images=2)
+    manifest = read_manifest(folder)
+    assert manifest["model"]["family"] == "lumina-mgpt" and set(manifest["tensorrt-rtx"]["engines"]) == set(GRAPHS)
+    for name in GRAPHS:
+        spec = graph_spec(manifest, name)
+        declared = {t.name: (TRT_TYPES[t.dtype], len(t.shape)) for t in (*spec.inputs, *spec.outputs)}
+        assert network_io(folder / manifest["graphs"][name]["file"]) == declared, name

@@ -7,9 +7,10 @@ from vvs.errors import VVSError
 from vvs.families.base import Family
 from vvs.families.janus_pro.family import FAMILY as JANUS_PRO
 from vvs.families.llamagen.family import FAMILY as LLAMAGEN
+from vvs.families.lumina_mgpt.family import FAMILY as LUMINA_MGPT
 from vvs.families.mar.family import FAMILY as MAR
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMAGEN, MAR, JANUS_PRO)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMAGEN, MAR, JANUS_PRO, LUMINA_MGPT)}
 DEFAULT = LLAMAGEN.name
 
 
