@@ -12,14 +12,15 @@ from __future__ import annotations
 import torch
 from scipy import stats
 
-from vvs.runtime.sampling import Processor, cfg_matrix, mix
+from vvs.runtime.sampling import Processor, cfg_matrix, mix, vocabulary_mask
 
 
 def conditionals(pipe, conditions: torch.Tensor, tokens: torch.Tensor, cfg_scale: float, temperature: float,
                  top_k: int = 0, top_p: float = 1.0, slots: torch.Tensor | None = None) -> torch.Tensor:
     """``[n, N, V]``: the target's processed distribution of every token given the image's earlier tokens.
     ``slots``: the conditions' slot mask ``[n, C]`` where they are padded; the guidance nulls then come from the
-    folder's conditioning, with the slots they attend. A family's forced tokens are one-hot where it forces them."""
+    folder's conditioning, with the slots they attend. Ids the model never samples have no mass; a family's forced
+    tokens are one-hot where it forces them."""
     from vvs.models.layers import caption_causal_mask
 
     target = pipe.engines.graphs["target_verify"].module.target
@@ -38,7 +39,9 @@ def conditionals(pipe, conditions: torch.Tensor, tokens: torch.Tensor, cfg_scale
     with torch.no_grad():
         out = target.teacher_forced(rows, prefix.repeat(rows.shape[0] // n, 1), mask)
     logits = out.logits[:, target.config.cls_token_num - 1:]  # output position C - 1 + i predicts token i
-    probs = Processor(temperature, top_k, top_p).probs(mix(cfg_matrix(n, cfg_scale), logits))
+    never = vocabulary_mask(target.config.vocab_size, target.config.sampled_ids)  # e.g. an end-of-line token
+    mixed = mix(cfg_matrix(n, cfg_scale), logits)
+    probs = Processor(temperature, top_k, top_p).probs(mixed if never is None else never(mixed))
     layout = pipe.engines.token_layout
     if layout is not None:
         forced = torch.tensor(layout.forced[: tokens.shape[1]])

@@ -102,11 +102,12 @@ def test_an_exported_folder_decodes_as_the_torch_modules_on_onnxruntime(with_dra
     assert images.shape == (1, 3, GRID * 2, GRID * 2)  # the stand-in VQGAN downsamples by 2
 
 
-def test_lanterns_lumina_drafter_folder_loads_strictly_as_a_chameleon_layer(bundle, tmp_path):
+@pytest.mark.parametrize("rows", [1, 4])
+def test_lanterns_lumina_drafter_folder_loads_strictly_as_a_chameleon_layer(bundle, tmp_path, rows):
     """LANTERN's Lumina-mGPT drafter (``cnets_lumina_mgpt.Model``): the target's whole embedding table, ``fc``, and
-    one Chameleon decoder layer (its input normalised, Lumina-mGPT's query/key norm rows), its config the target's
-    with one layer. vvs keeps the table's stream rows and computes what transformers' ``ChameleonDecoderLayer``
-    computes on the fused input."""
+    one Chameleon decoder layer (its input normalised), its config the target's with one layer; its query/key norms
+    hold one row (Lumina-mGPT's layout) or one per head (its Anole drafter's, ``cnets_anole``). vvs keeps the
+    table's stream rows and computes what transformers' ``ChameleonDecoderLayer`` computes on the fused input."""
     import json
 
     from safetensors.torch import save_file
@@ -127,21 +128,23 @@ def test_lanterns_lumina_drafter_folder_loads_strictly_as_a_chameleon_layer(bund
     fc = torch.nn.Linear(2 * cfg.dim, cfg.dim)
     with torch.no_grad():
         for name, p in layer.named_parameters():
-            if "_norm." in name and "self_attn" in name:  # one row for every head, as Lumina-mGPT stores it
-                p.copy_((torch.randn(1, cfg.head_dim) * 0.3 + (1.0 if name.endswith("weight") else 0.0)).expand_as(p))
+            if "_norm." in name and "self_attn" in name:  # `rows` rows, each shared by its heads
+                values = torch.randn(rows, cfg.head_dim) * 0.3 + (1.0 if name.endswith("weight") else 0.0)
+                p.copy_(values.repeat_interleave(cfg.n_head // rows, 0))
             elif p.dim() >= 2:
                 p.normal_(0, 0.1)
     table = bundle.target.model.embed_tokens.weight.detach().clone()
     state = {"embed_tokens.weight": table, "fc.weight": fc.weight.detach(), "fc.bias": fc.bias.detach()}
     for key, value in layer.state_dict().items():
-        one_row = "self_attn" in key and "_norm." in key
-        state[f"layers.0.{key}"] = (value[:1] if one_row else value).clone()
+        shared = "self_attn" in key and "_norm." in key and rows == 1
+        state[f"layers.0.{key}"] = (value[:1] if shared else value).clone()
     folder = tmp_path / "lantern-lumina-drafter"
     folder.mkdir()
     save_file(state, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps({**hf_config.to_dict(), "model_parallel_size": 1}))
     drafter = load_drafter(folder, cfg)
     assert drafter.config.vocab_size == cfg.vocab_size and drafter.config.first_input_norm
+    assert drafter.config.qk_norm_groups == rows
 
     tokens = torch.tensor([[3, 70, cfg.eol, 8000]])
     features = torch.randn(1, 4, cfg.dim)

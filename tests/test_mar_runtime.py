@@ -21,6 +21,9 @@ from vvs.families.mar.pipeline import MARPipeline
 from vvs.families.mar.options import MAROptions
 from vvs.runtime.options import OptionsError
 
+# one xdist worker runs this file: its module fixtures (the exported MAR folder) are built once
+pytestmark = pytest.mark.xdist_group("test_mar_runtime")
+
 SMALL_MAR = dict(img_size=32, vae_stride=8, vae_embed_dim=8, class_num=4, num_sampling_steps="4")
 DEFAULTS = {"num_iter": 6, "cfg_scale": 2.0, "draft_steps": 2, "prefill_ratio": 0.2}
 

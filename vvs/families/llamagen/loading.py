@@ -2,6 +2,7 @@
 through the safe readers of :mod:`vvs.models.loading`."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -66,6 +67,9 @@ def load_drafter(path, target: GPTConfig) -> Drafter:
         if weights is None:
             raise CheckpointError(path, "drafter folder has neither model.safetensors nor pytorch_model.bin")
         state, _ = read_checkpoint(weights)
+        norm = state.get("layers.0.self_attn.q_norm.weight")
+        if config.qk_norm_groups and norm is not None and norm.dim() == 2:  # a row per shard, or per head (Anole's)
+            config = dataclasses.replace(config, qk_norm_groups=norm.shape[0])
         if hasattr(target, "stream_ids") and config.vocab_size != target.vocab_size:
             state, config = _stream_rows(state, config, target, weights)
     else:
