@@ -27,9 +27,6 @@ from vvs.families.llamagen.exporter import export_folder
 from vvs.runtime.options import DecodeOptions, OptionsError
 from vvs.runtime.pipeline import Pipeline
 
-# one xdist worker runs this file: its module fixtures (the exported folders) are built once
-pytestmark = pytest.mark.xdist_group("test_bad_input")
-
 
 def snapshot(root) -> dict:
     """Every file under ``root`` with its sha256 (symbolic links by their target)."""

@@ -9,10 +9,6 @@ from vvs.engines import load_engines
 from vvs.families.llamagen.exporter import export_folder
 from vvs.runtime.options import DecodeOptions
 
-# one xdist worker runs this file and tests/test_tensorrt.py: their fixtures (the int8 folders, the Janus int8
-# folder they share) are built once
-pytestmark = pytest.mark.xdist_group("int8-tensorrt")
-
 
 @pytest.fixture(scope="module")
 def int8_folder(bundle_factory, tmp_path_factory):

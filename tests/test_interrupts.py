@@ -19,9 +19,6 @@ import numpy as np
 import pytest
 import torch
 
-# Ray-backed tests share one xdist worker: local Ray instances and the serve ports they hold stay apart
-pytestmark = pytest.mark.xdist_group("ray")
-
 RUN = [sys.executable, "-c", "from vvs.cli.run import main; main()"]
 
 

@@ -100,10 +100,11 @@ def test_special_ids_come_from_the_vocabulary(hf_folders):
 
 
 @pytest.mark.parametrize("damage, message", [
-    (lambda k, v: ("model.layers.0.self_attn.q_proj.weight_renamed", v) if k.endswith("layers.0.self_attn.q_proj.weight")
-     else v, r"missing 1 key\(s\) \(model.layers.0.self_attn.q_proj.weight\); 1 unexpected key"),
+    (lambda k, v: (k + "_renamed", v) if k.endswith("layers.0.self_attn.q_proj.weight") else v,
+     r"missing 1 key\(s\) \(model.layers.0.self_attn.q_proj.weight\); 1 unexpected key"),
     (lambda k, v: v[:, :-1].clone() if k.endswith("layers.1.mlp.down_proj.weight") else v,
-     r"1 tensor\(s\) have the wrong shape, e.g. model.layers.1.mlp.down_proj.weight: file \[64, 95\] vs model \[64, 96\]"),
+     r"1 tensor\(s\) have the wrong shape, e.g. model.layers.1.mlp.down_proj.weight: "
+     r"file \[64, 95\] vs model \[64, 96\]"),
     (lambda k, v: v.expand(2, -1).clone() if k.endswith("layers.0.self_attn.q_norm.weight") else v,
      r"wrong shape"),
 ])

@@ -21,9 +21,6 @@ from vvs.families.mar.pipeline import MARPipeline
 from vvs.families.mar.options import MAROptions
 from vvs.runtime.options import OptionsError
 
-# one xdist worker runs this file: its module fixtures (the exported MAR folder) are built once
-pytestmark = pytest.mark.xdist_group("test_mar_runtime")
-
 SMALL_MAR = dict(img_size=32, vae_stride=8, vae_embed_dim=8, class_num=4, num_sampling_steps="4")
 DEFAULTS = {"num_iter": 6, "cfg_scale": 2.0, "draft_steps": 2, "prefill_ratio": 0.2}
 
@@ -182,7 +179,7 @@ def test_vvs_run_on_a_mar_folder(folder, tmp_path):
     assert stats["aggregate"]["cspd"]["drafter_forwards"] == 8
     bad = run_cli("--engine", str(folder), "--top-p", "0.5", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "vvs-run: error: option --top-p: applies to LlamaGen, Janus-Pro and Lumina-mGPT engine folders only; this folder holds a "
-            "MAR model"]
+        "vvs-run: error: option --top-p: applies to LlamaGen, Janus-Pro and Lumina-mGPT engine folders only; this "
+        "folder holds a MAR model"]
     bad = run_cli("--engine", str(folder), "--draft-steps", "0", cwd=tmp_path)
     assert bad.returncode == 2 and "option --draft-steps 0: must be >= 1" in bad.stderr

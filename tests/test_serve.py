@@ -21,9 +21,6 @@ from vvs.runtime.pipeline import Pipeline
 from vvs.serve.client import Client, ServeError
 from vvs.serve.deployment import application
 
-# Ray-backed tests share one xdist worker: local Ray instances and the serve ports they hold stay apart
-pytestmark = pytest.mark.xdist_group("ray")
-
 MAX_IMAGES = 64
 
 

@@ -22,10 +22,6 @@ from vvs.runtime.pipeline import Pipeline
 
 trt = pytest.importorskip("tensorrt_rtx", reason="the test set-up installs tensorrt-rtx-cu13 from PyPI")
 
-# one xdist worker runs this file and tests/test_int8.py: their fixtures (the built and int8 folders, the Janus
-# int8 folder they share) are built once
-pytestmark = pytest.mark.xdist_group("int8-tensorrt")
-
 GRAPHS = ("target_prefill", "target_verify", "draft_tree", "vq_decode")
 TRT_TYPES = {"float32": "FLOAT", "float16": "HALF", "int64": "INT64", "bool": "BOOL"}
 

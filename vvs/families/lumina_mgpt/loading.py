@@ -78,7 +78,8 @@ def official_config(folder: Path, prompt_slots: int, grid_size: int, state: dict
             or data.get("attention_bias", False) or data.get("mlp_bias", False) or data.get("swin_norm", False) \
             or data.get("tie_word_embeddings", False):
         problems.append("the decoder is not Lumina-mGPT's (silu, no rope_scaling, no biases, pre-norm, untied head)")
-    ids = {field: vocabulary.get(name) for field, name in SPECIAL_TOKENS.items()} if isinstance(vocabulary, dict) else {}
+    known = vocabulary if isinstance(vocabulary, dict) else {}
+    ids = {field: known.get(name) for field, name in SPECIAL_TOKENS.items()}
     missing = [SPECIAL_TOKENS[f] for f in SPECIAL_TOKENS if not isinstance(ids.get(f), int)]
     if missing:
         problems.append(f"the vocabulary_map lacks {', '.join(missing)}: not Chameleon's vocabulary")

@@ -209,8 +209,10 @@ class ChameleonGen(nn.Module):
         ids = self.stream_ids[tokens] if tokens is not None else condition
         return self.forward_embeddings(self.model.embed_tokens(ids), position_ids, mask, past_kv)
 
-    def teacher_forced(self, condition: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> GPTOutput:
-        """One causal forward over ``[prompt ‖ stream]``: output position ``C - 1 + i`` predicts stream token ``i``."""
+    def teacher_forced(self, condition: torch.Tensor, tokens: torch.Tensor,
+                       mask: torch.Tensor | None = None) -> GPTOutput:
+        """One causal forward over ``[prompt ‖ stream]``: output position ``C - 1 + i`` predicts stream token
+        ``i``."""
         x = self.model.embed_tokens(torch.cat([condition, self.stream_ids[tokens]], dim=1))
         b, length = x.shape[:2]
         positions = torch.arange(length, device=x.device).expand(b, -1)
