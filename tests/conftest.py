@@ -191,3 +191,13 @@ def lumina_int8_folder(lumina_bundle, tmp_path_factory):
     out = tmp_path_factory.mktemp("lumina-int8") / "engines-lumina-int8"
     export_folder(lumina_bundle, out, precision="int8", decoding_defaults=dict(SMALL, cfg_scale=3.0), progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def lumina_folder(lumina_bundle, tmp_path_factory):
+    """The Lumina-mGPT stand-in exported in fp32 with a small tree and guidance 3."""
+    from vvs.families.llamagen.exporter import export_folder
+
+    out = tmp_path_factory.mktemp("lumina-engines") / "engines-lumina"
+    export_folder(lumina_bundle, out, decoding_defaults=dict(SMALL, cfg_scale=3.0), progress=False)
+    return out

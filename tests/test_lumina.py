@@ -87,19 +87,26 @@ def test_an_image_does_not_depend_on_the_rest_of_its_batch(pipe, mode, options):
         assert torch.equal(alone[0], together[i]), prompt
 
 
-def test_an_exported_folder_decodes_as_the_torch_modules_on_onnxruntime(with_drafter, pipe, tmp_path):
+def test_an_exported_folder_decodes_as_the_torch_modules_on_onnxruntime(with_drafter, lumina_folder, tmp_path,
+                                                                        capsys, monkeypatch):
+    """ONNX Runtime gives the torch modules' tokens; the torch backend opens the folder too; ``vvs-bench`` takes
+    prompts for it."""
+    from tests.conftest import SMALL, run_cli
+    from vvs.cli.bench import main as bench
     from vvs.engines import load_engines
-    from vvs.families.llamagen.exporter import export_folder
 
-    export_folder(with_drafter, tmp_path / "engines", decoding_defaults={**SMALL_TREE, "cfg_scale": 3.0},
-                  progress=False)
-    ort = Pipeline(load_engines(tmp_path / "engines", "onnxruntime"))
-    for mode in ("ar", "sd"):
-        want = pipe.generate(PROMPTS[:2], mode=mode, seed=2, temperature=0.0, decode_images=False).tokens
-        got = ort.generate(PROMPTS[:2], mode=mode, seed=2, temperature=0.0, decode_images=False)
-        assert torch.equal(got.tokens, want), mode
-    images = ort.generate(PROMPTS[:1], mode="ar", seed=2).images
+    torch_pipe = Pipeline(torch_engines(with_drafter), DecodeOptions(**SMALL, cfg_scale=3.0))
+    for backend in ("onnxruntime", "torch"):
+        folder_pipe = Pipeline(load_engines(lumina_folder, backend))
+        for mode in ("ar", "sd"):
+            want = torch_pipe.generate(PROMPTS[:2], mode=mode, seed=2, temperature=0.0, decode_images=False).tokens
+            got = folder_pipe.generate(PROMPTS[:2], mode=mode, seed=2, temperature=0.0, decode_images=False)
+            assert torch.equal(got.tokens, want), (backend, mode)
+    images = folder_pipe.generate(PROMPTS[:1], mode="ar", seed=2).images
     assert images.shape == (1, 3, GRID * 2, GRID * 2)  # the stand-in VQGAN downsamples by 2
+    code, stdout, err = run_cli(bench, ["--engine", lumina_folder, "--prompt", "a red bird", "--mode", "ar,sjd",
+                                        "--num-seeds", "1", "--out", tmp_path / "bench"], capsys, monkeypatch)
+    assert code == 0 and "sjd" in stdout, err
 
 
 @pytest.mark.parametrize("rows", [1, 4])
@@ -228,3 +235,33 @@ def test_vvs_train_lumina_drafter_on_an_official_folder(official, bundle, tmp_pa
     np.savez(data, codes=codes + 8192, prompts=np.array(["a red cat"] * 6))
     code, _, err = run_cli(train, args, capsys, monkeypatch)
     assert code == 2 and "codes must lie in [0, 8192)" in err and err.strip().count("\n") == 0, err
+
+
+@pytest.mark.parametrize("mode, options", [("sd", {}), ("vvs", MODES[3][1]), ("sjd-pac", MODES[5][1])])
+def test_images_that_join_and_leave_a_running_batch_keep_their_tokens(pipe, mode, options):
+    """Continuous batching with prompts of three lengths: a batch runs three cycles, a second one joins it, an image
+    leaves two cycles later; the images that stay end as they do alone. Each guidance null attends only its own
+    three slots, so the cache's per-row blocking must travel with its row through both merges."""
+    from vvs.runtime.decode import Decoding
+    from vvs.runtime.loops import run, start
+
+    opts = pipe.options_for(mode, temperature=1.0, top_p=0.8, cfg_scale=3.0, **options)
+    ids, slots = pipe.engines.conditioning.prepare(pipe.engines, PROMPTS, None)
+
+    def part(images, seeds):
+        return start(Decoding(pipe.engines, ids[images], opts, seeds, slots[images]))
+
+    first = part([0, 1], [7, 8])
+    for _ in range(3):
+        first.step()
+    joined = type(first).combine([(first, torch.arange(2)), (part([2], [20]), torch.arange(1))])
+    for _ in range(2):
+        joined.step()
+    staying = type(joined).combine([(joined, torch.tensor([1, 2]))])
+    tokens, _ = run(staying)
+    pipe.engines.release(staying.d.leases)
+    for row, (image, seed) in enumerate([(1, 8), (2, 20)]):
+        alone = part([image], [seed])
+        want, _ = run(alone)
+        pipe.engines.release(alone.d.leases)
+        assert torch.equal(tokens[row], want[0]), PROMPTS[image]

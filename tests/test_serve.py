@@ -273,6 +273,26 @@ def test_janus_prompts_over_http(server, janus_folder):
         serve.delete("janus")
 
 
+def test_lumina_prompts_over_http(server, lumina_folder):
+    """A Lumina-mGPT folder deployed beside the others: prompts give the Pipeline's tokens, each row closed by the
+    forced end-of-line token; a prompt longer than its slots is a 400 with one line."""
+    serve.run(application(str(lumina_folder), backend="onnxruntime", threads=1, max_batch=4), name="lumina",
+              route_prefix="/lumina")
+    try:
+        client = Client(server + "/lumina", timeout=120)
+        assert client.model()["prompts"] is True
+        prompts = ["a red bird", "a photo of a cat on a sofa"]
+        result = client.generate(prompts, mode="vvs", seed=5, decode=False)
+        alone = Pipeline(load_engines(lumina_folder, "onnxruntime", threads=1)).generate(
+            prompts, mode="vvs", seed=5, decode_images=False)
+        assert result.tokens == alone.tokens.tolist()
+        assert all(row[4::5] == [8192] * 4 for row in result.tokens)  # 4 x 4 codes: the end-of-line id after each row
+        code, data = _post(server + "/lumina/v1/generate", json.dumps({"conditions": ["a cat " * 20]}).encode())
+        assert code == 400 and "this folder takes at most 32" in data["error"], data
+    finally:
+        serve.delete("lumina")
+
+
 def test_names_the_cli_takes_are_taken_over_http(server, local):
     """One vocabulary: the mode names and class names of ``vvs-run`` work in a request as they do there."""
     code, data = _post(server + "/v1/generate", json.dumps({"conditions": ["great white shark", "2"], "seed": 4,
