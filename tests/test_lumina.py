@@ -265,3 +265,33 @@ def test_images_that_join_and_leave_a_running_batch_keep_their_tokens(pipe, mode
         want, _ = run(alone)
         pipe.engines.release(alone.d.leases)
         assert torch.equal(tokens[row], want[0]), PROMPTS[image]
+
+
+def test_the_fp16_verify_graph_is_within_half_precision_error(with_drafter, tmp_path):
+    """fp16 weights and activations (RMSNorm, RoPE, the query/key LayerNorms' statistics and the logits as the
+    fp16 export keeps them): the stream logits within 5e-2 of fp32 on ONNX Runtime, as for LlamaGen's target."""
+    import copy
+
+    import numpy as np
+    import onnxruntime as ort
+
+    from vvs.export.onnx_export import export_graph
+    from vvs.export.spec import sample_inputs
+    from vvs.families.llamagen.graphs import build_graphs, graph_specs
+    from vvs.models.layers import cast_floating
+
+    cfg, tree = with_drafter.target.config, DecodeOptions(**SMALL_TREE).tree
+    half = copy.deepcopy(with_drafter)
+    graph = cast_floating(build_graphs(half.target, half.drafter, half.vq, tree)["target_verify"], torch.float16)
+    spec = graph_specs(cfg, half.drafter.config, half.vq.config, tree, "float16")["target_verify"]
+    export_graph(graph, spec, tmp_path / "verify16.onnx", cfg.vocab_size, cfg.max_positions - 1)
+    session = ort.InferenceSession(str(tmp_path / "verify16.onnx"), providers=["CPUExecutionProvider"])
+    inputs = sample_inputs(spec, cfg.vocab_size, cfg.max_positions - 1, dict(batch=2, images=1, new=3, past=40))
+    got = session.run(None, {n: t.numpy() for n, t in zip(spec.input_names, inputs)})
+    full = build_graphs(with_drafter.target, with_drafter.drafter, with_drafter.vq, tree)["target_verify"]
+    with torch.no_grad():
+        want = full(*[t.float() if t.is_floating_point() else t for t in inputs])
+    codes = cfg.num_codes  # the end-of-line column is -inf in both: never sampled
+    assert np.abs(got[0][..., :codes] - want[0].numpy()[..., :codes]).max() < 5e-2
+    assert np.isneginf(got[0][..., codes:]).all() and np.isneginf(want[0].numpy()[..., codes:]).all()
+    assert np.abs(want[0].numpy()[..., :codes]).max() > 0.1  # logits, not zeros
