@@ -114,6 +114,12 @@ def load_official(folder, prompt_slots: int = 96, grid_size: int | None = None) 
                                       "--resolution")
     state = {k: v for k, v in read_hf_weights(folder).items() if not k.startswith(UNUSED)}
     config, codes = official_config(folder, prompt_slots, grid_size, state)
+    head = state.get("lm_head.weight")
+    if head is not None and head.dim() == 2 and head.shape[1] == config.dim:  # (another width: load_state says so)
+        if head.shape[0] != config.joint_vocab_size:
+            raise CheckpointError(folder, f"lm_head.weight is {list(head.shape)}, config.json says "
+                                          f"[{config.joint_vocab_size}, {config.dim}]")
+        state["lm_head.weight"] = head[list(config.stream_ids)]  # the stream's rows (vvs.families.lumina_mgpt.model)
     target = ChameleonGen(config)
     load_state(target, {k: v.float() for k, v in state.items()}, folder, _hint(state, config))
     return target.eval(), codes

@@ -11,8 +11,9 @@ The image stream the shared loop decodes has its own small vocabulary: index ``c
 ``first_code_id + c`` (ids 4..8195, the ones the official solver samples inside an image; which VQGAN code an id
 stands for is the vocabulary's business, applied by the image decoder), index ``num_codes`` is the end-of-line
 token. The target maps stream indices to ids of the joint vocabulary on the way in (``stream_ids``) and scores only
-those ids on the way out (rows of ``lm_head``): the official solver masks every other id to -inf before sampling,
-so the distribution over the stream's ids is the same. Module and parameter names are Lumina-mGPT's
+those ids on the way out: its ``lm_head`` holds just their rows of the official head (the official solver masks
+every other id to -inf before sampling, so the distribution over the stream's ids is the same, for an eighth of the
+head's cost at 65,536 ids). Module and parameter names are Lumina-mGPT's
 (``ChameleonForConditionalGeneration``), so its folders load with ``strict=True``.
 
 Read top to bottom: config and named sizes, the model (its layers are :class:`vvs.models.layers.LlamaLayer` with
@@ -23,7 +24,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vvs.export.spec import TensorSpec
@@ -161,19 +161,6 @@ class ChameleonModel(nn.Module):
 # --------------------------------------------------------------------------- the model
 
 
-class StreamHead(nn.Module):
-    """The rows of ``lm_head`` the image stream can take: hidden states -> stream logits ``[..., vocab_size]``. It
-    shares the weight with the model's ``lm_head`` (an exported graph holds only the rows)."""
-
-    def __init__(self, lm_head: nn.Linear, stream_ids: torch.Tensor):
-        super().__init__()
-        self.lm_head = lm_head
-        self.register_buffer("stream_ids", stream_ids, persistent=False)
-
-    def forward(self, x):
-        return F.linear(x, self.lm_head.weight.index_select(0, self.stream_ids))
-
-
 class ChameleonGen(nn.Module):
     """The target: prompt ids or stream indices in, stream logits, final hidden states and new keys/values out —
     the interface of the LlamaGen GPT, so the shared graphs and loop run it unchanged."""
@@ -182,7 +169,9 @@ class ChameleonGen(nn.Module):
         super().__init__()
         self.config = config
         self.model = ChameleonModel(config)
-        self.lm_head = nn.Linear(config.dim, config.joint_vocab_size, bias=False)
+        # the stream's rows of the official lm_head (the loader keeps those): the rest scores text, which image
+        # generation masks before sampling and never reads
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.register_buffer("stream_ids", torch.tensor(config.stream_ids), persistent=False)
         self.rotary = config.rotary()
         for m in self.modules():  # a random model stays testable (official weights replace all of this)
@@ -191,7 +180,7 @@ class ChameleonGen(nn.Module):
 
     @property
     def head(self) -> nn.Module:
-        return StreamHead(self.lm_head, self.stream_ids)
+        return self.lm_head
 
     def embedding_table(self) -> torch.Tensor:
         """``[vocab_size, dim]``: every stream index's input embedding, which an EAGLE drafter copies."""
@@ -225,4 +214,4 @@ class ChameleonGen(nn.Module):
             x, kv = layer(x, rope, mask, None if past_kv is None else past_kv[i])
             new_kv.append(kv)
         hidden = self.model.norm(x)
-        return GPTOutput(self.head(hidden).float(), hidden, torch.stack(new_kv))
+        return GPTOutput(self.lm_head(hidden).float(), hidden, torch.stack(new_kv))
