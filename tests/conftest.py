@@ -201,3 +201,13 @@ def lumina_folder(lumina_bundle, tmp_path_factory):
     out = tmp_path_factory.mktemp("lumina-engines") / "engines-lumina"
     export_folder(lumina_bundle, out, decoding_defaults=dict(SMALL, cfg_scale=3.0), progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def lumina_fp16_folder(lumina_bundle, tmp_path_factory):
+    """The Lumina-mGPT stand-in exported with --precision fp16."""
+    from vvs.families.llamagen.exporter import export_folder
+
+    out = tmp_path_factory.mktemp("lumina-fp16") / "engines-lumina-fp16"
+    export_folder(lumina_bundle, out, precision="fp16", decoding_defaults=dict(SMALL, cfg_scale=3.0), progress=False)
+    return out

@@ -176,12 +176,14 @@ def test_compute_capability_only_for_rtx():
         build_folder("nowhere", "tensorrt", compute_capabilities=[(8, 9)])
 
 
-def test_a_lumina_folder_builds(lumina_int8_folder, tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_a_lumina_folder_builds(request, precision, tmp_path):
     """Lumina-mGPT's graphs (prompt ids in, the joint vocabulary's embedding gathered by stream id, the head's stream
-    rows out, Chameleon's query/key norms and VQGAN) as SmoothQuant W8A8 Q/DQ layers in half precision, through the
-    same builder, with the network I/O its specs declare."""
+    rows out, Chameleon's query/key norms and VQGAN) in each precision (int8: SmoothQuant W8A8 Q/DQ layers in half
+    precision) through the same builder, with the network I/O its specs declare."""
+    fixture = {"fp32": "lumina_folder", "fp16": "lumina_fp16_folder", "int8": "lumina_int8_folder"}[precision]
     folder = tmp_path / "lumina"
-    shutil.copytree(lumina_int8_folder, folder)
+    shutil.copytree(request.getfixturevalue(fixture), folder)
     build_folder(folder, "tensorrt-rtx", max_images=2)
     manifest = read_manifest(folder)
     assert manifest["model"]["family"] == "lumina-mgpt" and set(manifest["tensorrt-rtx"]["engines"]) == set(GRAPHS)
