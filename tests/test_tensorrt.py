@@ -62,17 +62,19 @@ def test_every_graph_builds_and_is_recorded(built):
         assert [len(p) for p in entry["profiles"]] == [len(spec.inputs)] * len(entry["profiles"])
 
 
-def test_a_janus_folder_builds(janus_int8_folder, tmp_path):
-    """Janus-Pro's graphs (prompt ids in, an MLP head, a drafter that mixes guided logits) through the same builder,
-    as SmoothQuant W8A8 Q/DQ layers with everything else in half precision, with the network I/O its specs
-    declare."""
-    import shutil
-
-    folder = tmp_path / "janus"
-    shutil.copytree(janus_int8_folder, folder)
+@pytest.mark.parametrize("fixture, family", [("janus_int8_folder", "janus-pro"), ("lumina_folder", "lumina-mgpt"),
+                                             ("lumina_fp16_folder", "lumina-mgpt"),
+                                             ("lumina_int8_folder", "lumina-mgpt")])
+def test_a_prompt_family_folder_builds(request, fixture, family, tmp_path):
+    """The prompt-id families' graphs through the same builder, with the network I/O their specs declare: Janus-Pro
+    (an MLP head, a drafter that mixes guided logits) as SmoothQuant W8A8 Q/DQ layers in half precision; Lumina-mGPT
+    (the joint vocabulary's embedding gathered by stream id, the head's stream rows, Chameleon's query/key norms and
+    VQGAN) in fp32, fp16 and int8."""
+    folder = tmp_path / family
+    shutil.copytree(request.getfixturevalue(fixture), folder)
     build_folder(folder, "tensorrt-rtx", max_images=2)
     manifest = read_manifest(folder)
-    assert manifest["model"]["family"] == "janus-pro" and set(manifest["tensorrt-rtx"]["engines"]) == set(GRAPHS)
+    assert manifest["model"]["family"] == family and set(manifest["tensorrt-rtx"]["engines"]) == set(GRAPHS)
     for name in GRAPHS:
         spec = graph_spec(manifest, name)
         declared = {t.name: (TRT_TYPES[t.dtype], len(t.shape)) for t in (*spec.inputs, *spec.outputs)}
@@ -174,20 +176,3 @@ def test_a_graph_the_builder_rejects_names_the_graph(tiny_folder, tmp_path):
 def test_compute_capability_only_for_rtx():
     with pytest.raises(VVSError, match="only --backend tensorrt-rtx builds for chosen GPUs"):
         build_folder("nowhere", "tensorrt", compute_capabilities=[(8, 9)])
-
-
-@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
-def test_a_lumina_folder_builds(request, precision, tmp_path):
-    """Lumina-mGPT's graphs (prompt ids in, the joint vocabulary's embedding gathered by stream id, the head's stream
-    rows out, Chameleon's query/key norms and VQGAN) in each precision (int8: SmoothQuant W8A8 Q/DQ layers in half
-    precision) through the same builder, with the network I/O its specs declare."""
-    fixture = {"fp32": "lumina_folder", "fp16": "lumina_fp16_folder", "int8": "lumina_int8_folder"}[precision]
-    folder = tmp_path / "lumina"
-    shutil.copytree(request.getfixturevalue(fixture), folder)
-    build_folder(folder, "tensorrt-rtx", max_images=2)
-    manifest = read_manifest(folder)
-    assert manifest["model"]["family"] == "lumina-mgpt" and set(manifest["tensorrt-rtx"]["engines"]) == set(GRAPHS)
-    for name in GRAPHS:
-        spec = graph_spec(manifest, name)
-        declared = {t.name: (TRT_TYPES[t.dtype], len(t.shape)) for t in (*spec.inputs, *spec.outputs)}
-        assert network_io(folder / manifest["graphs"][name]["file"]) == declared, name

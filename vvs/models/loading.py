@@ -179,6 +179,23 @@ def config_from_meta(meta: dict[str, str], kind: str, path) -> dict | None:
     return json.loads(meta["vvs_config"])
 
 
+def load_vvs_model(path, kind: str, config_class: type, model_class: type, config=None, *, label: str,
+                   instead: str) -> nn.Module:
+    """A model from a vvs safetensors file of ``kind`` (its config inside), in eval mode. ``config``: what the
+    caller expects (a mismatch is an error); ``label`` and ``instead`` word the error for a file of another kind:
+    ``not a vvs {label} file; {instead}``."""
+    state, meta = read_checkpoint(path)
+    stored = config_from_meta(meta, kind, path)
+    if stored is None:
+        raise CheckpointError(path, f"not a vvs {label} file; {instead}")
+    stored = config_class(**stored)
+    if config is not None and config != stored:
+        raise CheckpointError(path, "the file's config does not match the requested one")
+    model = model_class(stored)
+    load_state(model, state, path)
+    return model.eval()
+
+
 def load_vq(path, config: VQConfig | None = None, *, ema: bool = False) -> VQModel:
     state, meta = read_checkpoint(path, ema=ema)
     stored = config_from_meta(meta, "vq", path)

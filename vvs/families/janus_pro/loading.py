@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from vvs.families.janus_pro.model import JanusConfig, JanusGen
-from vvs.models.loading import CheckpointError, config_from_meta, load_state, read_checkpoint, read_hf_weights
+from vvs.models.loading import CheckpointError, load_state, load_vvs_model, read_hf_weights
 from vvs.models.vq import VQModel, vq_config
 
 # keys of an official checkpoint that image generation does not use
@@ -125,13 +125,5 @@ def _hint(state: dict[str, torch.Tensor], config: JanusConfig) -> str:
 
 def load_janus(path, config: JanusConfig | None = None) -> JanusGen:
     """A Janus target from a vvs safetensors file (config inside)."""
-    state, meta = read_checkpoint(path)
-    stored = config_from_meta(meta, "janus", path)
-    if stored is None:
-        raise CheckpointError(path, "not a vvs Janus file; give an official folder instead")
-    stored = JanusConfig(**stored)
-    if config is not None and config != stored:
-        raise CheckpointError(path, "the file's config does not match the requested one")
-    model = JanusGen(stored)
-    load_state(model, state, path)
-    return model.eval()
+    return load_vvs_model(path, "janus", JanusConfig, JanusGen, config, label="Janus",
+                          instead="give an official folder instead")

@@ -18,7 +18,7 @@ import torch
 
 from vvs.families.lumina_mgpt.model import ChameleonConfig, ChameleonGen
 from vvs.families.lumina_mgpt.vqgan import ChameleonVQGAN, VQGANConfig
-from vvs.models.loading import CheckpointError, config_from_meta, load_state, read_checkpoint, read_hf_weights
+from vvs.models.loading import CheckpointError, load_state, load_vvs_model, read_checkpoint, read_hf_weights
 
 UNUSED = ("model.vqmodel.",)
 # the ids a prompt and an image are built from, by the names Chameleon's vocabulary gives them
@@ -136,16 +136,8 @@ def _hint(state: dict[str, torch.Tensor], config: ChameleonConfig) -> str:
 
 def load_lumina(path, config: ChameleonConfig | None = None) -> ChameleonGen:
     """A Lumina-mGPT target from a vvs safetensors file (config inside)."""
-    state, meta = read_checkpoint(path)
-    stored = config_from_meta(meta, "chameleon", path)
-    if stored is None:
-        raise CheckpointError(path, "not a vvs Lumina-mGPT file; give an official folder instead")
-    stored = ChameleonConfig(**stored)
-    if config is not None and config != stored:
-        raise CheckpointError(path, "the file's config does not match the requested one")
-    model = ChameleonGen(stored)
-    load_state(model, state, path)
-    return model.eval()
+    return load_vvs_model(path, "chameleon", ChameleonConfig, ChameleonGen, config, label="Lumina-mGPT",
+                          instead="give an official folder instead")
 
 
 # --------------------------------------------------------------------------- the image tokenizer
@@ -203,10 +195,5 @@ def load_official_vqgan(folder, stream_codes: list[int] | None = None) -> Chamel
 
 def load_vqgan(path) -> ChameleonVQGAN:
     """A VQGAN from a vvs safetensors file (config inside)."""
-    state, meta = read_checkpoint(path)
-    stored = config_from_meta(meta, "chameleon-vqgan", path)
-    if stored is None:
-        raise CheckpointError(path, "not a vvs VQGAN file; give Chameleon's tokenizer folder instead")
-    model = ChameleonVQGAN(VQGANConfig(**stored))
-    load_state(model, state, path)
-    return model.eval()
+    return load_vvs_model(path, "chameleon-vqgan", VQGANConfig, ChameleonVQGAN, label="VQGAN",
+                          instead="give Chameleon's tokenizer folder instead")

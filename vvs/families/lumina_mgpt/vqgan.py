@@ -8,15 +8,19 @@ both encoder and decoder have self-attention in their middle block, and in a lev
 ``attn_resolutions`` names (none, officially); the quantiser takes the nearest code by plain squared L2 distance.
 The decoder mirrors the encoder with one more residual block per level and nearest-neighbour upsampling.
 
-Read top to bottom: config, blocks, encoder, decoder, the model.
+Its residual, attention and resampling blocks are taming's, the ones LlamaGen's VQ models are built of
+(:mod:`vvs.models.vq`), with the same parameter names. Read top to bottom: config, encoder, decoder, the model.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from vvs.models.vq import AttnBlock, Downsample, ResnetBlock, Upsample, swish
+
+GROUPS = 32  # every GroupNorm's
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,7 @@ class VQGANConfig:
     def __post_init__(self):
         object.__setattr__(self, "ch_mult", tuple(self.ch_mult))
         object.__setattr__(self, "attn_resolutions", tuple(self.attn_resolutions))
-        if any((self.ch * m) % 32 for m in self.ch_mult):
+        if any((self.ch * m) % GROUPS for m in self.ch_mult):
             raise ValueError(f"ch {self.ch} x ch_mult {self.ch_mult}: every level's channels must split into the 32 "
                              "groups of its GroupNorms")
 
@@ -55,71 +59,11 @@ class VQGANConfig:
         return asdict(self)
 
 
-def normalize(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
-
-
-def swish(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.sigmoid(x)
-
-
-class ResnetBlock(nn.Module):
-    def __init__(self, in_channels: int, out_channels: int):
-        super().__init__()
-        self.norm1 = normalize(in_channels)
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
-        self.norm2 = normalize(out_channels)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
-        if in_channels != out_channels:
-            self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1)
-
-    def forward(self, x):
-        h = self.conv2(swish(self.norm2(self.conv1(swish(self.norm1(x))))))
-        return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
-
-
-class AttnBlock(nn.Module):
-    """Single-head self-attention over the pixels of a feature map, with 1x1 convolutions."""
-
-    def __init__(self, channels: int):
-        super().__init__()
-        self.norm = normalize(channels)
-        self.q = nn.Conv2d(channels, channels, 1)
-        self.k = nn.Conv2d(channels, channels, 1)
-        self.v = nn.Conv2d(channels, channels, 1)
-        self.proj_out = nn.Conv2d(channels, channels, 1)
-
-    def forward(self, x):
-        b, c, h, w = x.shape
-        normed = self.norm(x)
-        q, k, v = (p(normed).reshape(b, c, h * w).transpose(1, 2) for p in (self.q, self.k, self.v))
-        out = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
-        return x + self.proj_out(out.transpose(1, 2).reshape(b, c, h, w))
-
-
-class Downsample(nn.Module):
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, stride=2)
-
-    def forward(self, x):
-        return self.conv(F.pad(x, (0, 1, 0, 1)))  # torch convolutions pad symmetrically; the original pads after
-
-
-class Upsample(nn.Module):
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x):
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
-
-
 def middle(channels: int) -> nn.Module:
     mid = nn.Module()
-    mid.block_1 = ResnetBlock(channels, channels)
-    mid.attn_1 = AttnBlock(channels)
-    mid.block_2 = ResnetBlock(channels, channels)
+    mid.block_1 = ResnetBlock(channels, channels, GROUPS)
+    mid.attn_1 = AttnBlock(channels, GROUPS)
+    mid.block_2 = ResnetBlock(channels, channels, GROUPS)
     return mid
 
 
@@ -137,9 +81,9 @@ class Encoder(nn.Module):
         for level, mult in enumerate(c.ch_mult):
             down = nn.Module()
             block_in, block_out = c.ch * widths[level], c.ch * mult
-            down.block = nn.ModuleList(ResnetBlock(block_in if i == 0 else block_out, block_out)
+            down.block = nn.ModuleList(ResnetBlock(block_in if i == 0 else block_out, block_out, GROUPS)
                                        for i in range(c.num_res_blocks))
-            down.attn = nn.ModuleList(AttnBlock(block_out) for _ in range(c.num_res_blocks)) \
+            down.attn = nn.ModuleList(AttnBlock(block_out, GROUPS) for _ in range(c.num_res_blocks)) \
                 if res in c.attn_resolutions else nn.ModuleList()
             if level != len(c.ch_mult) - 1:
                 down.downsample = Downsample(block_out)
@@ -147,7 +91,7 @@ class Encoder(nn.Module):
             self.down.append(down)
         top = c.ch * c.ch_mult[-1]
         self.mid = middle(top)
-        self.norm_out = normalize(top)
+        self.norm_out = nn.GroupNorm(GROUPS, top, eps=1e-6)
         self.conv_out = nn.Conv2d(top, c.z_channels, 3, padding=1)
 
     def forward(self, x):
@@ -177,9 +121,9 @@ class Decoder(nn.Module):
         for level in reversed(range(len(c.ch_mult))):
             up = nn.Module()
             block_out = c.ch * c.ch_mult[level]
-            up.block = nn.ModuleList(ResnetBlock(block_in if i == 0 else block_out, block_out)
+            up.block = nn.ModuleList(ResnetBlock(block_in if i == 0 else block_out, block_out, GROUPS)
                                      for i in range(c.num_res_blocks + 1))
-            up.attn = nn.ModuleList(AttnBlock(block_out) for _ in range(c.num_res_blocks + 1)) \
+            up.attn = nn.ModuleList(AttnBlock(block_out, GROUPS) for _ in range(c.num_res_blocks + 1)) \
                 if res in c.attn_resolutions else nn.ModuleList()
             block_in = block_out
             if level != 0:
@@ -187,7 +131,7 @@ class Decoder(nn.Module):
                 res *= 2
             ups.insert(0, up)
         self.up.extend(ups)
-        self.norm_out = normalize(block_in)
+        self.norm_out = nn.GroupNorm(GROUPS, block_in, eps=1e-6)
         self.conv_out = nn.Conv2d(block_in, c.out_ch, 3, padding=1)
 
     def forward(self, z):
