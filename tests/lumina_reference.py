@@ -183,11 +183,11 @@ TINY_WORDS = ["Generate", "an", "image", "of", "64x64", "according", "to", "the"
               "red", "bird", "cat", "on", "hill"]
 
 
-def tiny_lumina_bundle(tmp: Path, seed: int = 0):
+def tiny_lumina_bundle(tmp: Path, seed: int = 0, **sizes):
     """A Lumina-tiny target (64 image ids, a 300-id vocabulary, a 4 x 4 grid; its head sharpened so that sampling
     has structure), a word-level tokenizer numbering the instruction's words, a small VQGAN, and a drafter of
     Chameleon layers trained briefly on the target's own guided samples, so that drafts get accepted: small enough
-    for thousands of images."""
+    for thousands of images. ``sizes`` override Lumina-tiny's."""
     from vvs.families.llamagen.bundle import ModelBundle
     from vvs.families.llamagen.engines import torch_engines
     from vvs.families.llamagen.train_drafter import train_drafter
@@ -198,7 +198,7 @@ def tiny_lumina_bundle(tmp: Path, seed: int = 0):
     from vvs.runtime.pipeline import Pipeline
 
     torch.manual_seed(seed)
-    config = lumina_config("Lumina-tiny", cls_token_num=24)
+    config = lumina_config("Lumina-tiny", cls_token_num=24, **sizes)
     target = ChameleonGen(config).eval()
     with torch.no_grad():
         target.lm_head.weight.mul_(40)

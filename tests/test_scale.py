@@ -392,3 +392,96 @@ def test_inflated_janus_pair_decodes_the_tiny_pairs_tokens(janus_bundle, janus_1
         assert [(s.target_forwards, s.skipped_verifications) for s in small.stats] == \
             [(s.target_forwards, s.skipped_verifications) for s in big.stats]
     assert got["tiny"][0].stats[0].skipped_verifications > 0
+
+
+# ----------------------------------------------------------------------------- Lumina-mGPT
+
+
+@pytest.fixture(scope="module")
+def lumina_pair(tmp_path_factory):
+    """A Lumina-tiny pair with Chameleon-7B's head dimension (one head of 128) and a briefly trained drafter."""
+    from tests.lumina_reference import tiny_lumina_bundle
+
+    return tiny_lumina_bundle(tmp_path_factory.mktemp("lumina-scale"), dim=128, n_head=1, n_layer=1)
+
+
+@pytest.fixture(scope="module")
+def lumina_7b(lumina_pair):
+    """That pair at Lumina-mGPT-7B's width (4,096, 32 heads of 128), feed-forward 11,008 and 8,192-code stream, at
+    its one layer."""
+    from vvs.families.lumina_mgpt.inflate import inflate_bundle as inflate_lumina
+
+    return inflate_lumina(lumina_pair, "Lumina-mGPT-7B", n_layer=1)
+
+
+def _lumina_logits(bundle, prompts):
+    """Target logits over ``[prompt ‖ stream]`` and the drafter's logits at the stream's positions, for a stream of
+    codes with end-of-line tokens at the row ends."""
+    from vvs.families.lumina_mgpt.prompts import PromptIds
+    from vvs.models.layers import caption_causal_mask
+
+    cfg = bundle.target.config
+    ids, mask = PromptIds.from_file(bundle.tokenizer, cfg).encode(prompts)
+    codes = torch.randint(0, 64, (len(prompts), 10), generator=torch.Generator().manual_seed(0))
+    tokens = torch.where(torch.arange(10) % (cfg.grid_size + 1) == cfg.grid_size, cfg.eol, codes)
+    seen = torch.cat([mask, torch.ones_like(tokens, dtype=torch.bool)], 1)
+    out = bundle.target.teacher_forced(ids, tokens, caption_causal_mask(seen, seen.shape[1]))
+    c, n = ids.shape[1], tokens.shape[1]
+    positions = torch.arange(c, c + n).expand(len(tokens), -1)
+    drafted = bundle.drafter(out.hidden[:, c - 1 : c - 1 + n], tokens, positions, causal_mask(n))
+    return out.logits[..., :65], bundle.target.head(drafted.hidden)[..., :65], out.hidden  # the small stream's
+
+
+@torch.no_grad()
+def test_inflated_lumina_pair_computes_the_same_function(lumina_pair, lumina_7b, monkeypatch):
+    """Target and drafter logits of the pair at Lumina-mGPT-7B's width equal the small pair's to float rounding, over
+    its codes and the end-of-line token, with left-padded prompts; the official image ids beyond them are scored
+    with real weights and never sampled; the padded stream channels are exact zeros. Leaving the query/key norms'
+    gains and biases at their defaults breaks it."""
+    from vvs.families.lumina_mgpt.inflate import inflate_target
+    from vvs.models.inflation import Inflater
+
+    cfg = lumina_7b.target.config
+    assert (cfg.dim, cfg.n_head, cfg.ffn_hidden, cfg.vocab_size, cfg.eol) == (4096, 32, 11008, 8193, 64)
+    assert cfg.sampled_ids == range(64) and lumina_7b.drafter.config.intermediate_size == 11008
+    assert cfg.stream_ids[64:67] == (cfg.eol_id, 68, 69) and cfg.stream_ids[-1] == 8195
+    assert lumina_7b.target.lm_head.weight[65:].norm(dim=1).min() > 0  # every extra code is scored for real
+    prompts = ["a red bird", "a cat on the hill", "bird"]
+    (a, da, _), (b, db, hidden) = (_lumina_logits(x, prompts) for x in (lumina_pair, lumina_7b))
+    assert (a - b).abs().max() < 1e-5 * a.abs().max()
+    assert (da - db).abs().max() < 1e-5 * da.abs().max()
+    assert torch.equal(hidden[..., 128:], torch.zeros_like(hidden[..., 128:]))
+
+    monkeypatch.setattr(Inflater, "head_norm", lambda self, big, small: None)
+    wrong = replace(lumina_7b, target=inflate_target(lumina_pair.target, "Lumina-mGPT-7B", n_layer=1))
+    c = _lumina_logits(wrong, prompts)[0]
+    assert (a - c).abs().max() > 1e-3 * a.abs().max()
+
+
+def test_inflated_lumina_pair_decodes_the_small_pairs_tokens(lumina_pair, lumina_7b):
+    """The real loop with guidance and both filters: VVS over a tree and SJD-PAC commit the small pair's tokens, with
+    its target forwards and skips, at Lumina-mGPT-7B's width."""
+    opts = DecodeOptions(mode="vvs", cfg_scale=3.0, lantern_k=4, skip_interval=2, tree_size=6, depth=2,
+                         draft_top_k=2, temperature=1.0, top_k=20, top_p=0.9)
+    prompts = ["a red bird", "a cat on the hill"]
+    got = {}
+    for name, bundle in (("small", lumina_pair), ("7b", lumina_7b)):
+        pipe = Pipeline(torch_engines(bundle), opts, max_batch=2)
+        try:
+            got[name] = [pipe.generate(prompts, seed=1, decode_images=False, mode=m) for m in ("vvs", "sjd-pac")]
+        finally:
+            pipe.close()
+    for small, big in zip(got["small"], got["7b"]):
+        assert torch.equal(small.tokens, big.tokens)
+        assert [(s.target_forwards, s.skipped_verifications) for s in small.stats] == \
+            [(s.target_forwards, s.skipped_verifications) for s in big.stats]
+    assert got["small"][0].stats[0].skipped_verifications > 0
+
+
+def test_lumina_inflation_needs_the_official_head_dimension():
+    """Chameleon's query/key norms normalise each head's channels: a pair with narrower heads is a one-line refusal."""
+    from vvs.families.lumina_mgpt.inflate import inflated_config
+    from vvs.families.lumina_mgpt.model import lumina_config
+
+    with pytest.raises(ValueError, match="the same head dimension"):
+        inflated_config(lumina_config("Lumina-tiny"), "Lumina-mGPT-7B")

@@ -95,10 +95,26 @@ class Inflater:
         a, s = big.self_attn, small.self_attn
         self.attention(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight,
                        s.q_proj.weight, s.k_proj.weight, s.v_proj.weight, s.o_proj.weight)
+        if hasattr(s, "q_norm"):
+            self.head_norm(a.q_norm, s.q_norm)
+            self.head_norm(a.k_norm, s.k_norm)
         for name in ("gate_proj", "up_proj"):
             self.stream_in(getattr(big.mlp, name).weight, getattr(small.mlp, name).weight)
         hidden = small.mlp.down_proj.weight.shape[1]
         self.stream_out(big.mlp.down_proj.weight, small.mlp.down_proj.weight, torch.arange(hidden))
+
+    def head_norm(self, big, small) -> None:
+        """Chameleon's query/key norm (:class:`vvs.models.layers.HeadNorm`): LayerNorm statistics over each head's
+        channels, which padding would change, so only heads of the same dimension carry over; one gain row shared by
+        all heads stays shared, a row per head goes to its head."""
+        if self.small_head_dim != self.big_head_dim:
+            raise ValueError(f"query/key norms normalise each head's channels: heads of dimension "
+                             f"{self.small_head_dim} cannot become heads of {self.big_head_dim}")
+        rows = small.weight.shape[0]
+        if rows > 1 and rows != self.heads.numel() // self.small_head_dim:
+            raise ValueError(f"{rows} query/key norm rows: inflation takes one shared row or one per head")
+        big.weight[:rows] = small.weight
+        big.bias[:rows] = small.bias
 
     @staticmethod
     def dead_llama_layer(big: LlamaLayer) -> None:

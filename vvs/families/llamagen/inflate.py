@@ -98,7 +98,8 @@ def inflate_drafter(small: Drafter, big_target, f: Inflater) -> Drafter:
     sc = small.config
     cfg = replace(sc, hidden_size=big_target.dim, num_attention_heads=big_target.n_head,
                   intermediate_size=big_target.ffn_hidden, vocab_size=big_target.vocab_size,
-                  rms_norm_eps=sc.rms_norm_eps * sc.hidden_size / big_target.dim)
+                  rms_norm_eps=sc.rms_norm_eps * sc.hidden_size / big_target.dim,
+                  qk_norm_groups=sc.qk_norm_groups if sc.qk_norm_groups <= 1 else big_target.n_head)
     if cfg.intermediate_size < sc.intermediate_size:
         raise ValueError(f"the drafter's feed-forward width {sc.intermediate_size} exceeds {cfg.intermediate_size}")
     big = Drafter(cfg, big_target).eval()

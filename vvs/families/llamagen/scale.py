@@ -78,7 +78,6 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
     from vvs.families.llamagen.exporter import export_folder
     from vvs.families.llamagen.loading import load_drafter
     from vvs.families.registry import family_of
-    from vvs.models.loading import load_vq
 
     engine_dir = Path(engine_dir)
     manifest = read_manifest(engine_dir)
@@ -116,7 +115,7 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
             pass
     tokenizer = engine_dir / manifest["prompts"]["tokenizer"] if manifest.get("prompts") else None
     drafter = load_drafter(engine_dir / TORCH_WEIGHTS["drafter"], target.config) if has_drafter else None
-    bundle = ModelBundle(target, drafter, load_vq(engine_dir / TORCH_WEIGHTS["vq"]), arch.family, tokenizer)
+    bundle = ModelBundle(target, drafter, arch.load_vq(engine_dir / TORCH_WEIGHTS["vq"]), arch.family, tokenizer)
     try:
         bundle = inflation.inflate_bundle(bundle, size, layers)
     except ValueError as err:

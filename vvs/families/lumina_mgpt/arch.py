@@ -33,4 +33,4 @@ CHAMELEON_INT8 = dataclasses.replace(LLAMA_INT8, blocks="model.layers")
 
 ARCH = TargetArch("lumina-mgpt", "chameleon", ChameleonConfig, load_lumina, _conditioning, int8=CHAMELEON_INT8,
                   calibration=prompt_calibration(cfg_scale=3.0), model=ChameleonGen, token_layout=_token_layout,
-                  vq_kind="chameleon-vqgan", load_vq=load_vqgan)
+                  vq_kind="chameleon-vqgan", load_vq=load_vqgan, inflation="vvs.families.lumina_mgpt.inflate")

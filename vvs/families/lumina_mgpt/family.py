@@ -8,6 +8,7 @@ from vvs.families.base import Family
 from vvs.families.llamagen.family import BENCH_MODES, DECODING_FLAGS, EXPORT_OPTIONS, MODE_HELP, PROMPT_TOKENS
 from vvs.runtime.options import DecodeOptions
 
+SCALE_SIZES = ("Lumina-mGPT-7B",)  # vvs-bench --scale: the decoder of every resolution's folder
 M = "vvs.families.lumina_mgpt"
 L = "vvs.families.llamagen"
 
@@ -42,8 +43,10 @@ FAMILY = Family(
     instruments=f"{L}.engines:quality_instruments",
     tensorrt_profiles=f"{L}.exporter:tensorrt_profiles",
     target_arch=f"{M}.arch:ARCH",
+    scale=f"{L}.scale:scale_folder",
+    scale_sizes=SCALE_SIZES,
+    describe_scale=f"{L}.scale:describe",
     serve=True,
-    train_commands=(f"{M}.commands:train_lumina_drafter_cmd",),
-    instead={"tune": "tunes draft trees of LlamaGen folders; for Lumina-mGPT folders compare tree shapes with --sweep",
-             "scale": "measures LlamaGen and Janus-Pro at official sizes; Lumina-mGPT's is not built yet"},
+    train_commands=(f"{M}.commands:train_lumina_cmd", f"{M}.commands:train_lumina_drafter_cmd"),
+    instead={"tune": "tunes draft trees of LlamaGen folders; for Lumina-mGPT folders compare tree shapes with --sweep"},
 )

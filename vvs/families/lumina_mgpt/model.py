@@ -44,6 +44,7 @@ class ChameleonConfig:
     num_codes: int = 8192  # image ids: first_code_id onwards, the ids the official solver samples images from
     first_code_id: int = 4
     grid_size: int = 32  # codes per image side: 512 px through the 16x VQGAN
+    code_pixels: int = 16  # pixels per code side: the VQGAN's downsampling (16 for Chameleon's)
     cls_token_num: int = 64  # prompt slots, up to and including the size tokens; shorter prompts are left-padded
     bos_id: int = 0
     pad_id: int = 1  # fills padded prompt slots (never attended)
@@ -52,6 +53,9 @@ class ChameleonConfig:
     eoi_id: int = 8196  # <eoss>: end of image
     eol_id: int = 8803  # <reserved08799>: end of every row
     size_base: int = 8804  # <reserved0(8800+n)>: the size token of a side of 32·n pixels
+    # image ids the head scores after the end-of-line row but never samples: an inflated pair's (vvs-bench --scale),
+    # which pays for the official 8,192 codes' rows while sampling its own
+    extra_codes: int = 0
 
     def __post_init__(self):
         if self.dim % self.n_head or (self.dim // self.n_head) % 2:
@@ -60,7 +64,7 @@ class ChameleonConfig:
             raise ValueError(f"{self.n_head} heads do not split into {self.qk_norm_groups} query/key norm groups")
         ids = {name: getattr(self, name) for name in ("bos_id", "pad_id", "sep_id", "boi_id", "eoi_id", "eol_id")}
         ids["the largest size token"] = self.size_token(self.grid_size)
-        ids["the last image id"] = self.first_code_id + self.num_codes - 1
+        ids["the last image id"] = self.first_code_id + self.num_codes + self.extra_codes - 1
         bad = [f"{name} {value}" for name, value in ids.items() if not 0 <= value < self.joint_vocab_size]
         if bad:
             raise ValueError(f"{', '.join(bad)} lie(s) outside the {self.joint_vocab_size}-id vocabulary")
@@ -71,13 +75,14 @@ class ChameleonConfig:
 
     @property
     def stream_ids(self) -> tuple[int, ...]:
-        """The joint id of each stream index: the image ids, then the end-of-line token."""
-        return (*range(self.first_code_id, self.first_code_id + self.num_codes), self.eol_id)
+        """The joint id of each stream index: the image ids, the end-of-line token, any extra image ids."""
+        first, last = self.first_code_id + self.num_codes, self.first_code_id + self.num_codes + self.extra_codes
+        return (*range(self.first_code_id, first), self.eol_id, *range(first, last))
 
     @property
     def vocab_size(self) -> int:
         """The image stream's vocabulary (codes and end-of-line), which the graphs take and score."""
-        return self.num_codes + 1
+        return self.num_codes + 1 + self.extra_codes
 
     @property
     def eol(self) -> int:
@@ -99,9 +104,13 @@ class ChameleonConfig:
     def max_positions(self) -> int:
         return self.cls_token_num + self.num_image_tokens
 
+    @property
+    def side_pixels(self) -> int:
+        return self.grid_size * self.code_pixels
+
     def size_token(self, codes: int) -> int:
-        """The size token of a side of ``codes`` codes (16 px each; the token counts 32 px)."""
-        return self.size_base + codes // 2
+        """The size token of a side of ``codes`` codes (``code_pixels`` each; the token counts 32 px)."""
+        return self.size_base + codes * self.code_pixels // 32
 
     def forced_stream(self) -> tuple[int, ...]:
         """The stream's forced tokens (:class:`vvs.runtime.conditions.TokenLayout`): end-of-line after each row."""
@@ -131,10 +140,16 @@ class ChameleonConfig:
 # transformers' layout (a query/key norm row per head).
 CHAMELEON_7B = dict(dim=4096, n_layer=32, n_head=32, ffn_hidden=11008)
 LUMINA_SIZES: dict[str, dict] = {
+    "Lumina-mGPT-7B": CHAMELEON_7B,  # the decoder alone (vvs-bench --scale keeps the inflated pair's grid)
     "Lumina-mGPT-7B-512": dict(CHAMELEON_7B, grid_size=32),
     "Lumina-mGPT-7B-768": dict(CHAMELEON_7B, grid_size=48),
     "Lumina-mGPT-7B-1024": dict(CHAMELEON_7B, grid_size=64),
     "Anole-7b": dict(CHAMELEON_7B, grid_size=32, qk_norm_groups=32),
+    # the pair vvs ships (docs/shipped_model.md): Chameleon-7B's head size (128) and feed-forward ratio, so that
+    # --scale inflates it by adding whole heads, and few layers, so that it does so at a depth this machine's memory
+    # holds; the shipped VQGAN's 1,024 codes, 16 x 16 of them at 128 px; Chameleon's special ids
+    "Lumina-vvs-S": dict(dim=384, n_layer=4, n_head=3, ffn_hidden=1032, num_codes=1024, grid_size=16, code_pixels=8,
+                         bos_id=1, pad_id=3),
     # unit tests: a 300-id vocabulary holding 64 codes at 4..67 and the special ids below them
     "Lumina-tiny": dict(dim=64, n_layer=2, n_head=4, ffn_hidden=96, joint_vocab_size=300, num_codes=64, grid_size=4,
                         cls_token_num=16, bos_id=0, pad_id=1, sep_id=70, boi_id=71, eoi_id=72, eol_id=73,
