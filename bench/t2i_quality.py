@@ -1,8 +1,9 @@
 """How often a shipped text-to-image pair paints what its prompt describes (for docs/shipped_model.md): the LlamaGen
-t2i pair's folder or the Janus-Pro pair's (both learnt the same captions).
+t2i pair's folder, the Janus-Pro pair's or the Lumina-mGPT pair's (all learnt the same captions).
 
     .venv/bin/python bench/t2i_quality.py --engine engines-t2i
     .venv/bin/python bench/t2i_quality.py --engine engines-janus
+    .venv/bin/python bench/t2i_quality.py --engine engines-lumina
 
 AR, the shipped decoding defaults, two images (seeds 0 and 16) per photograph and caption: for each of the four
 captions of every photograph, the share of images the photo classifier of the quality instruments assigns to that

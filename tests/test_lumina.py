@@ -181,7 +181,8 @@ def test_cli_exports_an_official_folder_and_runs_prompts(official, tmp_path, cap
     folder, tokenizer_dir, _ = official
     out = tmp_path / "engines-lumina"
     base = ["--model", "lumina-mgpt", "--checkpoint", folder, "--out", out]
-    for args, message in (([], "vvs ships no Lumina-mGPT pair yet: give --checkpoint"),
+    for args, message in ((["--tokenizer-dir", tokenizer_dir], "options --tokenizer-dir and --resolution go with "
+                                                               "--checkpoint"),
                           (base[2:4], "needs --tokenizer-dir: Chameleon's tokenizer folder"),
                           ([*base[2:4], "--tokenizer-dir", tokenizer_dir, "--resolution", "100"],
                            "option --resolution 100: Lumina-mGPT paints sides that are multiples of 32 pixels"),
@@ -295,3 +296,28 @@ def test_the_fp16_verify_graph_is_within_half_precision_error(with_drafter, tmp_
     assert np.abs(got[0][..., :codes] - want[0].numpy()[..., :codes]).max() < 5e-2
     assert np.isneginf(got[0][..., codes:]).all() and np.isneginf(want[0].numpy()[..., codes:]).all()
     assert np.abs(want[0].numpy()[..., :codes]).max() > 0.1  # logits, not zeros
+
+
+def test_the_shipped_pair_exports_with_no_option_and_paints_prompts(tmp_path, capsys, monkeypatch):
+    """``vvs-export --model lumina-mgpt --out DIR`` exports the shipped pair (its drafter, VQGAN, tokenizer and
+    decoding defaults); ``vvs-run --prompt`` paints 128 px images from it with AR and VVS; an official-folder option
+    without --checkpoint is a one-line error."""
+    from PIL import Image
+
+    from tests.conftest import run_cli
+    from vvs.cli.export import main as export
+    from vvs.cli.run import main as run
+    from vvs.engines.manifest import read_manifest
+
+    out = tmp_path / "engines-lumina"
+    code, _, err = run_cli(export, ["--model", "lumina-mgpt", "--out", out, "--resolution", "256"], capsys, monkeypatch)
+    assert code == 2 and "go with --checkpoint" in err and err.strip().count("\n") == 0 and not out.exists(), err
+    code, _, err = run_cli(export, ["--model", "lumina-mgpt", "--out", out], capsys, monkeypatch)
+    assert code == 0, err
+    manifest = read_manifest(out)
+    assert manifest["model"]["source"] == "the shipped pair" and "draft_tree" in manifest["graphs"]
+    code, stdout, err = run_cli(run, ["--engine", out, "--prompt", "a photo of a cat", "--mode", "ar,vvs",
+                                      "--out", tmp_path / "images"], capsys, monkeypatch)
+    assert code == 0, err
+    for mode in ("ar", "vvs"):
+        assert Image.open(tmp_path / "images" / f"{mode}_000_a-photo-of-a-cat.png").size == (128, 128)

@@ -1,5 +1,6 @@
 """The shipped model set: integrity, and quality bars measured once and recorded in docs/shipped_model.md."""
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -205,3 +206,71 @@ def test_janus_images_show_what_their_prompt_describes(classifier):
     opts = DecodeOptions.from_dict(info["decoding_defaults"]).updated(mode="ar")
     gen = Pipeline(torch_engines(load_janus_bundle()), opts).generate(prompts, seed=0)
     assert accuracy(classifier, gen.images, torch.arange(len(PHOTOS))) > JANUS_GENERATED_BAR
+
+
+# ----------------------------------------------------------------------------- the Lumina-mGPT pair
+
+LUMINA_GENERATED_BAR = 0.5  # bench/t2i_quality.py --engine engines-lumina: see docs/shipped_model.md
+
+
+@pytest.fixture(scope="module")
+def lumina():
+    from vvs.families.lumina_mgpt.bundle import load_bundle as load_lumina_bundle
+
+    return load_lumina_bundle()
+
+
+def test_lumina_weights_match_their_description(lumina):
+    """The files are the recorded ones; the target has Chameleon-7B's head dimension (so --scale inflates it by
+    whole heads), Chameleon's special ids, and a stream of the VQGAN's codes and the end-of-line token; the text
+    tokenizer numbers the specials as Chameleon's does."""
+    from tokenizers import Tokenizer
+
+    info = shipped_info("shipped_lumina.json")
+    for entry in info["files"].values():
+        assert sha256(SHIPPED_DIR / entry["file"]) == entry["sha256"]
+    assert info["captions"] == shipped_info("shipped_t2i.json")["captions"]  # the same data as the t2i pair
+    cfg = lumina.target.config
+    assert lumina.family == "lumina-mgpt" and cfg.head_dim == 128
+    assert cfg.vocab_size == lumina.vq.config.n_embed + 1 and cfg.side_pixels == 128
+    tokenizer = Tokenizer.from_file(str(lumina.tokenizer))
+    ids = {name: tokenizer.token_to_id(name) for name in
+           ("<s>", "<pad>", "<racm3:break>", "<eoss>", "<reserved08706>", "<reserved08799>", "<reserved08804>")}
+    assert ids == {"<s>": cfg.bos_id, "<pad>": cfg.pad_id, "<racm3:break>": cfg.boi_id, "<eoss>": cfg.eoi_id,
+                   "<reserved08706>": cfg.sep_id, "<reserved08799>": cfg.eol_id,
+                   "<reserved08804>": cfg.size_token(cfg.grid_size)}
+    assert (cfg.bos_id, cfg.boi_id, cfg.sep_id, cfg.eol_id) == (1, 8197, 8710, 8803)
+
+
+@torch.no_grad()
+def test_the_lumina_vqgan_is_the_shipped_vq_in_chameleons_architecture(bundle, lumina, heldout_crops):
+    """The Chameleon VQGAN encodes held-out crops to the shipped VQ's codes (99.8 %: its unit-length codebook rows
+    are stored in half precision, as every shipped weight, which flips near-ties) and paints codes as the shipped
+    decoder does, to that rounding; with Chameleon's zero padding in place of the shipped decoder's reflection the pictures differ
+    (30 dB apart), so the padding is what the file's config says."""
+    from vvs.families.lumina_mgpt.vqgan import ChameleonVQGAN
+    from vvs.train.tokenizer import interior_codes
+
+    same = lumina.vq.encode(heldout_crops) == bundle.vq.encode(heldout_crops).indices
+    assert same.float().mean() > 0.995
+    codes = interior_codes(bundle.vq, heldout_crops)
+    grid = bundle.target.config.grid_size
+    shipped = bundle.vq.decode_codes(codes, grid)
+    assert (lumina.vq.decode(codes, grid, grid) - shipped).abs().max() < 2 / 255  # measured 0.7 / 255
+    zeros = ChameleonVQGAN(replace(lumina.vq.config, decoder_padding="zeros")).eval()
+    zeros.load_state_dict(lumina.vq.state_dict())
+    assert (zeros.decode(codes, grid, grid) - shipped).abs().max() > 0.05
+
+
+def test_lumina_images_show_what_their_prompt_describes(lumina, classifier):
+    """The shipped Lumina-mGPT pair's AR images from each photograph's first caption, as for the t2i pair; every
+    row closed by the end-of-line token, no corner more specked than the others (a zero-padded decoder specked the
+    top-left: 1.35x the worst other corner on these images)."""
+    info = shipped_info("shipped_lumina.json")
+    prompts = [info["captions"][p.name][0] for p in PHOTOS]
+    opts = DecodeOptions.from_dict(info["decoding_defaults"]).updated(mode="ar")
+    gen = Pipeline(torch_engines(lumina), opts).generate(prompts, seed=0)
+    cfg = lumina.target.config
+    assert (gen.tokens.view(len(prompts), cfg.grid_size, cfg.grid_size + 1)[..., -1] == cfg.eol).all()
+    assert accuracy(classifier, gen.images, torch.arange(len(PHOTOS))) > LUMINA_GENERATED_BAR
+    assert top_left_speck_ratio(gen.images) <= SPECK_BAR

@@ -13,9 +13,10 @@ from vvs.models.loading import load_vq
 FAMILY = "janus-pro"
 # the official script's sampling: guidance 5, temperature 1, no top-k or top-p (generation_inference.py)
 DECODING_DEFAULTS = {"cfg_scale": 5.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+PROMPT_TOKENS = 64  # an official folder's prompt slots unless --prompt-tokens says otherwise
 
 
-def load_bundle(checkpoint: str | None = None, drafter: str | None = None, prompt_tokens: int = 64,
+def load_bundle(checkpoint: str | None = None, drafter: str | None = None, prompt_tokens: int | None = None,
                 no_drafter: bool = False, grid_size: int = 24) -> ModelBundle:
     """An official folder's generation path with the vvs drafter ``drafter`` (None: a drafter-free bundle), or,
     without ``checkpoint``, the shipped pair (its own drafter unless ``drafter`` or ``no_drafter`` say otherwise;
@@ -28,7 +29,7 @@ def load_bundle(checkpoint: str | None = None, drafter: str | None = None, promp
         if not (drafter or no_drafter):
             drafter = str(shipped_path("janus_drafter"))
     else:
-        target, vq = load_official(checkpoint, prompt_tokens, grid_size)
+        target, vq = load_official(checkpoint, prompt_tokens or PROMPT_TOKENS, grid_size)
         tokenizer = Path(checkpoint) / "tokenizer.json"
     drafter_model = None if drafter is None else load_drafter(drafter, target.config)
     return ModelBundle(target, drafter_model, vq, FAMILY, tokenizer)

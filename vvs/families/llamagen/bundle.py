@@ -15,7 +15,9 @@ SHIPPED_DIR = Path(__file__).resolve().parents[2] / "weights"  # the shipped mod
 SHIPPED = {"target": "target.safetensors", "drafter": "drafter.safetensors", "vq": "vq.safetensors",
            "t2i_target": "t2i_target.safetensors", "t2i_drafter": "t2i_drafter.safetensors",
            "text_encoder": "text_encoder/model.safetensors", "janus_target": "janus_target.safetensors",
-           "janus_drafter": "janus_drafter.safetensors", "janus_tokenizer": "janus_tokenizer.json"}
+           "janus_drafter": "janus_drafter.safetensors", "janus_tokenizer": "janus_tokenizer.json",
+           "lumina_target": "lumina_target.safetensors", "lumina_drafter": "lumina_drafter.safetensors",
+           "lumina_vqgan": "lumina_vqgan.safetensors", "lumina_tokenizer": "lumina_tokenizer.json"}
 
 
 @dataclass
@@ -52,7 +54,8 @@ class ModelBundle:
 
 def shipped_info(name: str = "shipped.json") -> dict:
     """``shipped.json``: configs, classes, licences, metrics and sha256 of the shipped weights
-    (``shipped_t2i.json``: the text-to-image pair's; ``shipped_janus.json``: the Janus-Pro pair's)."""
+    (``shipped_t2i.json``: the text-to-image pair's; ``shipped_janus.json``, ``shipped_lumina.json``: the Janus-Pro
+    and Lumina-mGPT pairs')."""
     import json
 
     path = SHIPPED_DIR / name

@@ -38,9 +38,10 @@ EXPORT_OPTIONS = (
 )
 # the prompt-id families' (Janus-Pro, Lumina-mGPT): one option object, so the command shows it once
 PROMPT_TOKENS = click.Option(
-    ["--prompt-tokens"], type=click.IntRange(4, 4096), default=64, show_default=True,
+    ["--prompt-tokens"], type=click.IntRange(4, 4096), default=None,
     help="The longest prompt the folder takes, in tokens with the model's template (shorter ones are left-padded): "
-         "the target's prompt slots. For --checkpoint folders; a shipped pair has its own.")
+         "the target's prompt slots. For --checkpoint folders (default: 64 for Janus-Pro; 128 for Lumina-mGPT, whose "
+         "instruction template alone takes about 20); a shipped pair has its own.")
 DECODING_FLAGS = (
     DecodingFlag("--temperature", "temperature", float, "Sampling temperature; 0 means greedy."),
     DecodingFlag("--top-k", "top_k", int, "Keep the k most likely tokens (0: all)."),

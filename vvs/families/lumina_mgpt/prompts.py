@@ -31,8 +31,7 @@ class PromptIds(prompts.PromptIds):
 
     def ids(self, prompt: str) -> list[int]:
         c = self.config
-        side = c.grid_size * 16
-        text = self.tokenizer.encode(instruction(prompt, side, side), add_special_tokens=False).ids
+        text = self.tokenizer.encode(instruction(prompt, c.side_pixels, c.side_pixels), add_special_tokens=False).ids
         size = c.size_token(c.grid_size)
         return [c.bos_id, *text, c.sep_id, c.boi_id, size, size]
 

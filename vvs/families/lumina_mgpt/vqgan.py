@@ -35,8 +35,14 @@ class VQGANConfig:
     ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4)
     num_res_blocks: int = 2
     attn_resolutions: tuple[int, ...] = ()
+    # How the decoder's 3x3 convolutions pad: Chameleon's with zeros. vvs's shipped tokenizer reflects (a small
+    # zero-padded decoder learns where the border is and specks the top-left corner, docs/performance.md "The
+    # tokenizer's corners"); official files have no such field and keep zeros.
+    decoder_padding: str = "zeros"
 
     def __post_init__(self):
+        if self.decoder_padding not in ("zeros", "reflect"):
+            raise ValueError(f"decoder_padding must be 'zeros' or 'reflect', not {self.decoder_padding!r}")
         object.__setattr__(self, "ch_mult", tuple(self.ch_mult))
         object.__setattr__(self, "attn_resolutions", tuple(self.attn_resolutions))
         if any((self.ch * m) % GROUPS for m in self.ch_mult):
@@ -59,11 +65,11 @@ class VQGANConfig:
         return asdict(self)
 
 
-def middle(channels: int) -> nn.Module:
+def middle(channels: int, padding: str = "zeros") -> nn.Module:
     mid = nn.Module()
-    mid.block_1 = ResnetBlock(channels, channels, GROUPS)
+    mid.block_1 = ResnetBlock(channels, channels, GROUPS, padding)
     mid.attn_1 = AttnBlock(channels, GROUPS)
-    mid.block_2 = ResnetBlock(channels, channels, GROUPS)
+    mid.block_2 = ResnetBlock(channels, channels, GROUPS, padding)
     return mid
 
 
@@ -111,9 +117,9 @@ class Decoder(nn.Module):
 
     def __init__(self, c: VQGANConfig):
         super().__init__()
-        top = c.ch * c.ch_mult[-1]
-        self.conv_in = nn.Conv2d(c.z_channels, top, 3, padding=1)
-        self.mid = middle(top)
+        top, pad = c.ch * c.ch_mult[-1], c.decoder_padding
+        self.conv_in = nn.Conv2d(c.z_channels, top, 3, padding=1, padding_mode=pad)
+        self.mid = middle(top, pad)
         self.up = nn.ModuleList()
         res = c.resolution // c.downsample
         block_in = top
@@ -121,18 +127,18 @@ class Decoder(nn.Module):
         for level in reversed(range(len(c.ch_mult))):
             up = nn.Module()
             block_out = c.ch * c.ch_mult[level]
-            up.block = nn.ModuleList(ResnetBlock(block_in if i == 0 else block_out, block_out, GROUPS)
+            up.block = nn.ModuleList(ResnetBlock(block_in if i == 0 else block_out, block_out, GROUPS, pad)
                                      for i in range(c.num_res_blocks + 1))
             up.attn = nn.ModuleList(AttnBlock(block_out, GROUPS) for _ in range(c.num_res_blocks + 1)) \
                 if res in c.attn_resolutions else nn.ModuleList()
             block_in = block_out
             if level != 0:
-                up.upsample = Upsample(block_out)
+                up.upsample = Upsample(block_out, pad)
                 res *= 2
             ups.insert(0, up)
         self.up.extend(ups)
         self.norm_out = nn.GroupNorm(GROUPS, block_in, eps=1e-6)
-        self.conv_out = nn.Conv2d(block_in, c.out_ch, 3, padding=1)
+        self.conv_out = nn.Conv2d(block_in, c.out_ch, 3, padding=1, padding_mode=pad)
 
     def forward(self, z):
         h = run_middle(self.mid, self.conv_in(z))
