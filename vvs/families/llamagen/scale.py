@@ -142,7 +142,8 @@ def describe(manifest: dict) -> str | None:
              f"; the target's time extrapolated linearly in depth from {t.n_layer} to its {inflated['official_layers']} "
              f"layers (x{inflated['target_time_scale']:.3f})")
     return (f"measured at {inflated['size']} compute cost (a target of {t.n_layer} layers x {t.n_head} heads x {t.dim} "
-            f"wide with the official {t.vocab_size}-code head, a one-layer drafter of its width) with the acceptance "
-            f"of {inflated['source_folder']}'s pair, whose {len(t.sampled_ids)} codes are the only ones sampled"
+            f"wide with the {t.vocab_size}-row head vvs runs at that size, a one-layer drafter of its width) with the "
+            f"acceptance of {inflated['source_folder']}'s pair, whose {len(t.sampled_ids)} codes are the only ones "
+            "sampled"
             + ("; the drafter's weights int8 (ONNX Runtime's MatMulNBits)"
                if inflated["source"].get("drafter_weights") == "int8" else "") + depth)
