@@ -162,3 +162,23 @@ def test_a_checkpoint_with_pickled_objects_is_refused(tmp_path):
     torch.save({"state_dict": model.state_dict(), "callbacks": Callback()}, tmp_path / "vqgan.ckpt")
     with pytest.raises(CheckpointError, match="refused: the file contains pickled Python objects"):
         load_official_vqgan(tmp_path)
+
+
+@torch.no_grad()
+def test_a_llamagen_vq_becomes_a_chameleon_vqgan_with_the_same_codes_and_pictures():
+    """``vvs-train lumina-mgpt`` renames a LlamaGen VQ (the shipped tokenizer's size, random weights) into Chameleon's
+    VQGAN: the same codes for the same images and the same pictures for the same codes. Its codebook rows must be
+    at unit length: Chameleon's quantiser takes the nearest code by L2 distance, LlamaGen's by cosine."""
+    from vvs.families.lumina_mgpt.train import chameleon_vqgan
+    from vvs.models.vq import VQModel, vq_config
+
+    torch.manual_seed(0)
+    vq = VQModel(vq_config("VQ-vvs-S")).eval()
+    vq.quantize.embedding.weight.normal_()  # rows of different lengths: the two rules disagree unless normalised
+    vqgan = chameleon_vqgan(vq)
+    images = torch.rand(2, 3, 128, 128) * 2 - 1
+    codes = vq.encode(images).indices
+    assert torch.equal(vqgan.encode(images), codes)
+    assert (vqgan.decode(codes, 16, 16) - vq.decode_codes(codes, 16)).abs().max() < 1e-5
+    vqgan.quantize.embedding.weight.copy_(vq.quantize.embedding.weight)  # the raw rows instead
+    assert not torch.equal(vqgan.encode(images), codes)
