@@ -321,3 +321,14 @@ def test_the_shipped_pair_exports_with_no_option_and_paints_prompts(tmp_path, ca
     assert code == 0, err
     for mode in ("ar", "vvs"):
         assert Image.open(tmp_path / "images" / f"{mode}_000_a-photo-of-a-cat.png").size == (128, 128)
+
+
+def test_an_official_folder_takes_128_prompt_tokens_by_default(official):
+    """Lumina-mGPT's instruction template alone takes about 20 tokens, so an official folder's prompt slots default
+    to 128 (Janus-Pro's to 64); --prompt-tokens overrides it."""
+    from vvs.families.lumina_mgpt.bundle import load_bundle
+
+    folder, tokenizer_dir, _ = official
+    for given, slots in ((None, 128), (40, 40)):
+        bundle = load_bundle(str(folder), str(tokenizer_dir), prompt_tokens=given, resolution=GRID * 16)
+        assert bundle.target.config.cls_token_num == slots
