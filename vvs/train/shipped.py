@@ -134,6 +134,23 @@ def ship_model(model, path: Path, kind: str) -> dict:
     return {"file": path.name, "sha256": sha256(path), "bytes": path.stat().st_size, "config": model.config.to_dict()}
 
 
+def ship_prompt_pair(weights: Path, family: str, models: dict, tokenizer_path: Path, tokenizer_file: str,
+                     info: dict) -> Path:
+    """Write a prompt family's shipped pair into ``weights``: ``{family}_{role}.safetensors`` for each role of
+    ``models`` (``{role: (model, kind)}``), its text tokenizer as ``tokenizer_file``, and ``shipped_{family}.json``
+    (``info`` with every file's record)."""
+    import shutil
+
+    weights.mkdir(exist_ok=True)
+    files = {role: ship_model(model, weights / f"{family}_{role}.safetensors", kind)
+             for role, (model, kind) in models.items()}
+    shutil.copyfile(tokenizer_path, weights / tokenizer_file)
+    files["tokenizer"] = {"file": tokenizer_file, "sha256": sha256(weights / tokenizer_file),
+                          "bytes": (weights / tokenizer_file).stat().st_size}
+    (weights / f"shipped_{family}.json").write_text(json.dumps({**info, "files": files}, indent=2) + "\n")
+    return weights
+
+
 def ship(out_dir: Path, models: dict, metrics: dict, seed: int, seconds: float) -> Path:
     """Write ``out_dir/weights``: fp16 parameters, fp32 buffers, and ``shipped.json``."""
     weights = out_dir / "weights"

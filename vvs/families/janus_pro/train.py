@@ -11,7 +11,6 @@ target -> drafter -> ``weights_janus/``.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -21,7 +20,6 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, SentencePieceUnigramTokenizer, Tokenizer
 
-from vvs.engines.manifest import sha256
 from vvs.families.janus_pro.loading import SPECIAL_TOKENS, load_janus
 from vvs.families.janus_pro.model import JanusGen, janus_config
 from vvs.families.janus_pro.prompts import ASSISTANT, USER, PromptIds
@@ -120,17 +118,8 @@ def reproduce_janus(out_dir: Path, vq_path: Path, seed: int = 0) -> Path:
 
 
 def ship_janus(out_dir: Path, target, drafter, tokenizer_path: Path, seed: int, seconds: float) -> Path:
-    import shutil
+    from vvs.train.shipped import ship_prompt_pair
 
-    from vvs.train.shipped import ship_model
-
-    weights = out_dir / "weights_janus"
-    weights.mkdir(exist_ok=True)
-    files = {name: ship_model(model, weights / f"janus_{name}.safetensors", kind)
-             for name, model, kind in (("target", target, "janus"), ("drafter", drafter, "drafter"))}
-    shutil.copyfile(tokenizer_path, weights / TOKENIZER)
-    files["tokenizer"] = {"file": TOKENIZER, "sha256": sha256(weights / TOKENIZER),
-                          "bytes": (weights / TOKENIZER).stat().st_size}
     info = {
         "description": "vvs's shipped Janus-Pro pair: a target of Janus-Pro's generation architecture (Llama "
                        "language model, gen_embed / gen_aligner / gen_head) and its EAGLE drafter, trained from "
@@ -141,7 +130,7 @@ def ship_janus(out_dir: Path, target, drafter, tokenizer_path: Path, seed: int, 
         "reproduce": f"vvs-train janus-pro --out {out_dir} --seed {seed}",
         "captions": CAPTIONS,
         "decoding_defaults": JANUS_DECODING,
-        "files": files,
     }
-    (weights / "shipped_janus.json").write_text(json.dumps(info, indent=2) + "\n")
-    return weights
+    return ship_prompt_pair(out_dir / "weights_janus", "janus", {"target": (target, "janus"),
+                                                                 "drafter": (drafter, "drafter")},
+                            tokenizer_path, TOKENIZER, info)

@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, SentencePieceBPETokenizer, Tokenizer
 
-from vvs.engines.manifest import sha256
 from vvs.families.llamagen.loading import load_drafter
 from vvs.families.llamagen.train_drafter import train_drafter
 from vvs.families.llamagen.train_t2i import CAPTIONS, TRAIN_CROPS, caption_list, random_captions
@@ -221,18 +220,9 @@ def reproduce_lumina(out_dir: Path, vq_path: Path, seed: int = 0) -> Path:
 
 
 def ship_lumina(out_dir: Path, models: dict, tokenizer_path: Path, seed: int, stage_seconds: dict) -> Path:
-    import shutil
+    from vvs.train.shipped import ship_prompt_pair
 
-    from vvs.train.shipped import ship_model
-
-    weights = out_dir / "weights_lumina"
-    weights.mkdir(exist_ok=True)
     kinds = {"target": "chameleon", "drafter": "drafter", "vqgan": "chameleon-vqgan"}
-    files = {name: ship_model(model, weights / f"lumina_{name}.safetensors", kinds[name])
-             for name, model in models.items()}
-    shutil.copyfile(tokenizer_path, weights / TOKENIZER)
-    files["tokenizer"] = {"file": TOKENIZER, "sha256": sha256(weights / TOKENIZER),
-                          "bytes": (weights / TOKENIZER).stat().st_size}
     info = {
         "description": "vvs's shipped Lumina-mGPT pair: a target of the Chameleon architecture and its EAGLE "
                        "drafter, trained from scratch on the shipped photographs' codes with their hand-written "
@@ -244,7 +234,7 @@ def ship_lumina(out_dir: Path, models: dict, tokenizer_path: Path, seed: int, st
         "reproduce": f"vvs-train lumina-mgpt --out {out_dir} --seed {seed}",
         "captions": CAPTIONS,
         "decoding_defaults": LUMINA_DECODING,
-        "files": files,
     }
-    (weights / "shipped_lumina.json").write_text(json.dumps(info, indent=2) + "\n")
-    return weights
+    return ship_prompt_pair(out_dir / "weights_lumina", "lumina",
+                            {role: (model, kinds[role]) for role, model in models.items()}, tokenizer_path, TOKENIZER,
+                            info)
