@@ -251,7 +251,7 @@ def test_uniform_skips_commit_a_drafted_path_and_its_next_root(pipe, monkeypatch
     """A skipped cycle commits the first tokens of one of that cycle's drafted paths, root first, and the token
     after them is the next cycle's root; the skips fall on cycles 1, 1 + I, ... once warm-up is over."""
     trees = record_trees(monkeypatch)
-    interval = 3
+    interval = 2
     gen = pipe.generate(torch.tensor([4]), mode="vvs", seed=1, temperature=1.0, cfg_scale=2.0,
                         skip_policy="uniform", skip_interval=interval, decode_images=False)
     tokens = gen.tokens[0].tolist()
@@ -260,7 +260,9 @@ def test_uniform_skips_commit_a_drafted_path_and_its_next_root(pipe, monkeypatch
     for cycle, (kind, before, count) in enumerate(stats.trace):
         tree = trees[cycle]
         warm = before > pipe.options.skip_warmup_tokens
-        assert (kind == "skip") == (warm and cycle % interval == 1 and stats.trace[cycle - 1][0] != "skip")
+        verified_after = before + pipe.options.max_path_tokens < len(tokens)
+        assert (kind == "skip") == (warm and verified_after and cycle % interval == 1
+                                    and stats.trace[cycle - 1][0] != "skip")
         if kind != "skip" or before + count >= len(tokens):
             continue
         skips += 1

@@ -9,7 +9,10 @@ The class-conditional and text-to-image entries were recorded again, by the same
 retrained on interior codes (new weights, so new tokens; the code had reproduced the old entries exactly on the old
 weights), and now run in float64: float32 CPU kernels round differently from one instruction set to another (AMD
 and Intel hosts disagreed on the float32 tokens, near-ties flipping); in float64 the hosts' rounding differences
-are some nine orders of magnitude smaller, so a flip needs a tie that much closer. The MAR
+are some nine orders of magnitude smaller, so a flip needs a tie that much closer. The VVS entries were recorded
+again when a verification began checking the tokens a skip committed and the last cycle began to verify: the
+unfiltered ones differ only in their last five tokens, the top-k/top-p one from its 8th (a withdrawal); every
+other entry was reproduced exactly by the same run. The MAR
 latents stay float32 and are compared to within 1e-3: hosts differ by about 2e-5 after the 8 steps, a change of
 behaviour moves them by tenths.
 """

@@ -3,6 +3,7 @@ skip schedules, KV compaction, seeding, options."""
 import pytest
 import torch
 from conftest import SMALL
+from exactness import conditionals
 
 from vvs.runtime.decode import Decoding, Speculation
 from vvs.runtime.loops import run
@@ -61,7 +62,8 @@ def test_uniform_skip_schedule(pipe):
         kinds = [k for k, _, _ in s.trace]
         expected, last = [], None
         for cycle, (_, before, _) in enumerate(s.trace):
-            skip = cycle % interval == 1 and before > 3 and last != "skip"
+            verified_after = before + SMALL["depth"] + 2 < 16  # the image is not done after the skip
+            skip = cycle % interval == 1 and before > 3 and last != "skip" and verified_after
             last = "skip" if skip else "verify"
             expected.append(last)
         assert kinds == expected
@@ -69,6 +71,7 @@ def test_uniform_skip_schedule(pipe):
         assert s.verify_forwards + s.skipped_verifications == len(s.trace)
         committed = [n for _, _, n in s.trace]
         assert sum(committed[:-1]) + 1 < s.tokens <= sum(committed) + 1  # the last cycle may overshoot
+        assert kinds[-1] == "verify"
 
 
 def test_dynamic_skip_never_twice_in_a_row(pipe):
@@ -84,12 +87,22 @@ def test_dynamic_skip_never_twice_in_a_row(pipe):
     assert never.stats[0].skipped_verifications == 0
 
 
-@pytest.mark.parametrize("mode,options", [("sd", {}), ("vvs", {"skip_interval": 2}), ("lantern", {})])
+@pytest.mark.parametrize("mode,options", [
+    ("sd", {}), ("vvs", {"skip_interval": 2}), ("lantern", {}),
+    ("vvs", {"skip_interval": 2, "top_k": 3, "top_p": 0.8}),  # verifications withdraw unverified tokens
+])
 def test_kv_cache_after_decoding_equals_plain_decoding(pipe, mode, options):
+    """The target cache holds exactly the committed tokens' keys and values, and the drafter and feature caches
+    cover exactly the committed tokens, whatever was accepted, skipped or withdrawn."""
     opts = pipe.options.updated(mode=mode, temperature=1.0, cfg_scale=2.0, **options)
     classes = torch.tensor([2, 6])
     d = Decoding(pipe.engines, classes, opts, seeds=[3, 4])
-    run(Speculation(d))
+    loop = Speculation(d)
+    while not loop.plan.finished:
+        loop.step()
+        assert torch.equal(loop.drafter.cache.length, d.C + d.count)  # a slot per token up to the root
+        assert torch.equal(loop.features.length, d.kv.length)
+    run(loop)
     target = pipe.engines.graphs["target_verify"].module.target
     c = target.config.cls_token_num
     for i in range(2):
@@ -100,6 +113,23 @@ def test_kv_cache_after_decoding_equals_plain_decoding(pipe, mode, options):
                                         tokens.expand(2, -1)).new_kv
         got = d.kv.kv[:, :, [i, i + 2], :, :length]
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mode,options", [("lantern", {}), ("vvs", {}), ("vvs", {"vvs_relaxed": False})])
+def test_no_mode_commits_a_code_the_target_filter_removes(pipe, mode, options):
+    """With top-k and top-p on, every committed code has positive probability under the target's filtered
+    distribution: a verification after a skip withdraws the unverified tokens from the first one outside it, and
+    LANTERN lends neighbour mass only to codes the filter keeps. Without either, this setting commits dozens."""
+    setting = dict(temperature=1.0, top_k=3, top_p=0.8, cfg_scale=2.0)
+    classes = torch.arange(32) % 10
+    relaxation = dict(lantern_k=8, lantern_delta=0.5)  # wide neighbourhoods, so that lending reaches removed codes
+    gen = pipe.generate(classes, mode=mode, seed=0, skip_interval=2, decode_images=False, **relaxation, **setting,
+                        **options)
+    probs = conditionals(pipe, classes, gen.tokens, **setting)
+    assert int((probs.gather(-1, gen.tokens[..., None]) == 0).sum()) == 0
+    if mode == "vvs":
+        total = gen.aggregate()
+        assert total["skipped_verifications"] > 32 and total["withdrawals"] > 0  # the check had work to do
 
 
 def test_seeds(pipe):

@@ -7,6 +7,10 @@ with probability ``p(x)`` (+ LANTERN's extra mass) under the current, residual-u
 child is accepted the next token is drawn from that residual. LANTERN's relaxation changes the output
 distribution by design; without it this is exact. Drafts are deterministic top-k picks (q = 1),
 so without relaxation this is exact sampling from the target (EAGLE-2's multi-candidate rejection).
+
+The relaxation lends mass only to a code the target's filter keeps (``p(x) > 0`` before any rejection): top-k and
+top-p say which codes may appear at all, and neighbours' mass must not bring back one they removed. The official
+LANTERN and VVS code lends to any code, so with both filters on they can commit codes of target probability 0.
 """
 from __future__ import annotations
 
@@ -61,7 +65,7 @@ def greedy_accept(tree: DraftTree, logits: torch.Tensor, relax: Relaxation | Non
         others = torch.where(first == x, second_value, best_value)
         nb = relax.neighbours[x]
         extra, _ = relax.extra(_at_parent(p, parent, nb), px)
-        ok = px + extra >= others
+        ok = (px + extra >= others) & (px > 0)
     ok[:, 0] = True
     # a node counts only if every node on its root path is accepted
     on_path_rejected = (tree.ancestors & ~ok[:, None, :]).any(-1)
@@ -108,7 +112,8 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None
         own_parent = parent.gather(1, sel)
         trying = (rank.gather(1, sel) == r) & ~settled.gather(1, own_parent)
         at = index.gather(1, sel[..., None].expand(-1, -1, width)).reshape(n, -1)
-        mass = torch.where(removed.gather(1, at), 0.0, flat.gather(1, at)).view(n, -1, width)
+        filtered = flat.gather(1, at)
+        mass = torch.where(removed.gather(1, at), 0.0, filtered).view(n, -1, width)
         left = 1.0 - removed_mass.gather(1, own_parent)
         residual = mass / left.clamp_min(1e-30)[..., None]  # the parent's renormalised residual at the candidates
         px = residual[..., 0]
@@ -116,7 +121,8 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, relax: Relaxation | None
             extra, lent = 0.0, torch.zeros_like(own_parent)
         else:
             extra, lent = relax.extra(residual[..., 1:], px)
-        ok = trying & (left > 0) & (u.gather(1, column.gather(1, sel)) < px + extra)
+        supported = filtered.view(n, -1, width)[..., 0] > 0
+        ok = trying & (left > 0) & supported & (u.gather(1, column.gather(1, sel)) < px + extra)
         rejected = trying & ~ok
         # a rejection removes x and its lenders from the parent's residual
         gone = rejected[..., None] & (torch.arange(width, device=dev) <= lent[..., None])

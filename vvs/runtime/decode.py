@@ -5,6 +5,7 @@ the previous cycle, or from :func:`start`)::
 
     verify the images that do not skip      # one target forward: pending chain ‖ tree
     accept a drafted path unverified        # the images that skip (VVS)
+    withdraw what the target's filter removes # a verification after a skip checks the chain it committed
     commit, and feed the drafter
     tree = draft(...)                       # one draft_tree call for the next cycle
     skip = decide_skip(...)                 # VVS only
@@ -102,7 +103,7 @@ class Decoding:
         self.count = torch.zeros(self.n, dtype=torch.long, device=self.dev)
         self.root = torch.zeros(self.n, dtype=torch.long, device=self.dev)
         self.stats = [ImageStats(prefill_forwards=1, target_forwards=1) for _ in range(self.n)]
-        self.counters = Counters(self.n, self.N, self.dev)
+        self.counters = Counters(self.n, 2 * self.N, self.dev)  # a withdrawal's cycle can follow each skip
 
     def _setup(self, engines: EngineSet, opts: DecodeOptions, n: int) -> None:
         """What depends only on the engines, the options and the batch size."""
@@ -417,8 +418,9 @@ class Speculation:
     def decide_skip(self) -> torch.Tensor:
         if not self.opts.skips:
             return torch.zeros(self.n, dtype=torch.bool, device=self.dev)
-        return self.d.active & decide_skip(self.opts, self.tree, self.cycle, self.d.count, self.last_skipped,
-                                           self.d.engines.codebook)
+        d = self.d
+        return d.active & decide_skip(self.opts, self.tree, self.cycle, d.count, d.N, self.last_skipped,
+                                      d.engines.codebook)
 
     def verify(self, verifying: torch.Tensor, a_max: int, u: torch.Tensor, images: list[int] | torch.Tensor) -> None:
         """One target forward over the pending chain (``a_max`` wide) ‖ the tree of the verifying images; commit
@@ -439,28 +441,64 @@ class Speculation:
             acc = greedy_accept(tree, logits, self.relax)
         else:
             acc = sample_accept(tree, d.proc.probs(logits), self.relax, self.opts.draft_top_k, u)
-        length = torch.where(verifying, acc.length, 0)
-        # target rows to keep, in order: the chain, then the accepted path
+        withdraw, sound, redraw = self.check_chain(out["logits"][:, :a_max], u[:, 0])
+        withdraw &= verifying
+        length = torch.where(verifying & ~withdraw, acc.length, 0)
+        # target rows to keep, in order: the chain (its sound part), then the accepted path
         keep = _compact(torch.cat([j.expand(n, -1), a_max + acc.nodes.clamp(min=0)], 1),
                         torch.cat([in_chain, acc.nodes >= 0], 1))
-        kept = torch.where(verifying, self.chain_len + length, 0)
+        kept = torch.where(verifying, torch.where(withdraw, sound, self.chain_len + length), 0)
         d.kv.commit(out["new_kv"], keep, kept)
         self.features.append(out["hidden"], keep, kept)
         path = tree.tokens.gather(1, acc.nodes.clamp(min=0))
-        d.counters.record(verifying, "verify", *d.counted(d.count, length))
+        self.withdraw(withdraw, sound, redraw, out["hidden"])
+        d.counters.record(verifying & ~withdraw, "verify", *d.counted(d.count, length))
         d.counters.add("target_forwards", verifying)
         d.append_tokens(path, length)
         # the drafter consumes the accepted drafts and the new root, fed the features of the accepted nodes
         ids = torch.cat([path[:, 1:], torch.zeros_like(path[:, :1])], 1)
         ids = ids.scatter(1, (length - 1).clamp(min=0)[:, None], acc.bonus[:, None])
         rows = torch.arange(d.layout.rows, device=dev)[:, None]
-        self.feed.set(verifying, ids, out["hidden"][rows, d.layout.expand(a_max + acc.nodes.clamp(min=0))], length,
-                      acc.bonus)
+        self.feed.set(verifying & ~withdraw, ids, out["hidden"][rows, d.layout.expand(a_max + acc.nodes.clamp(min=0))],
+                      length, acc.bonus)
         self.chain_len.copy_(torch.where(verifying, 0, self.chain_len))
+
+    def check_chain(self, logits: torch.Tensor, u: torch.Tensor):
+        """The target's verdict on the unverified chain a skipped cycle committed (``logits [n, a_max, V]`` of the
+        chain's rows; row j predicts the chain's token j + 1, the last row the root after it). Returns, per image,
+        whether a token there has target probability 0, how many chain tokens precede the first such one (they
+        stay), and a token drawn from the target's distribution in its place (``u [n]``)."""
+        d, n, a_max = self.d, self.n, logits.shape[1]
+        if a_max == 0:
+            none = torch.zeros(n, dtype=torch.long, device=self.dev)
+            return none.bool(), none, none
+        j = torch.arange(a_max, device=self.dev)
+        start = d.count - self.chain_len  # the chain's first token, as an image-token index
+        probs = d.proc.probs(d.force(logits, start[:, None] + j + 1))
+        following = torch.where(j + 1 < self.chain_len[:, None], self.chain[:, 1 : a_max + 1], self.tree.tokens[:, :1])
+        outside = (probs.gather(-1, following[..., None])[..., 0] == 0) & (j < self.chain_len[:, None])
+        sound = torch.where(outside.any(1), outside.long().argmax(1), self.chain_len)  # first True, else the chain
+        at = sound.clamp(max=a_max - 1)
+        redraw = sample(probs[torch.arange(n, device=self.dev), at], d.proc.greedy, u)
+        return outside.any(1), at + 1, redraw
+
+    def withdraw(self, which: torch.Tensor, sound: torch.Tensor, redraw: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Take back the unverified tokens after the first ``sound[i]`` of the chain, and the tree drafted under
+        them: the target cache already holds exactly the sound ones; the drafter forgets the slots that consumed
+        the withdrawn ones and consumes ``redraw``, the new root, fed the target's feature of the last sound token."""
+        d = self.d
+        gone = torch.where(which, self.chain_len - sound, 0)  # the chain's withdrawn tokens
+        d.count.sub_(gone)
+        d.counters.record(which, "withdraw", *d.counted(d.count, gone))
+        self.drafter.cache.length.sub_(torch.where(which, gone + 1, 0))  # and the slot of the discarded root
+        rows = torch.arange(d.layout.rows, device=self.dev)
+        last = hidden[rows, d.layout.expand(sound - 1)][:, None]
+        self.feed.set(which, redraw[:, None], last, torch.ones_like(sound), redraw)
 
     def accept_unverified(self, skipping: torch.Tensor, u: torch.Tensor) -> None:
         """Commit a random drafted path, truncated, without a target forward. The next target forward runs over it
-        only to fill the caches: its tokens stay, whatever the target would have said (VVS is lossy by design)."""
+        to fill the caches: its tokens stay whatever the target would have sampled (VVS is lossy by design), unless
+        the target's filter removes one (:meth:`check_chain`)."""
         d = self.d
         path, a, root = select_unverified(self.tree, self.width, u)
         a = torch.where(skipping, a, 0)

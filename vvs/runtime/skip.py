@@ -1,6 +1,7 @@
 """VVS: when to skip a verification, and which drafted tokens to accept without one.
 
-Skip schedules (never two skips in a row, never before ``skip_warmup_tokens`` image tokens exist):
+Skip schedules (never two skips in a row, never before ``skip_warmup_tokens`` image tokens exist, and never where
+the skip could finish the image: a verification checks every skipped path, see ``Speculation.check_chain``):
 - ``uniform``: the verification of cycles 1, 1 + I, 1 + 2I, ... is skipped (cycle 0 is the first draft);
 - ``dynamic``: skip when the drafted root-to-leaf paths look alike in the codebook's latent space — the mean
   over path pairs of the depth-weighted (``decay**l``) cosine similarity of their code vectors reaches
@@ -47,9 +48,11 @@ def path_similarity(tree: DraftTree, codebook: torch.Tensor, decay: float) -> to
     return torch.where(count > 0, (sim * pair).sum((1, 2)) / count.clamp(min=1), 0.0)
 
 
-def decide_skip(opts: DecodeOptions, tree: DraftTree, cycle, tokens_done, last_skipped, codebook) -> torch.Tensor:
+def decide_skip(opts: DecodeOptions, tree: DraftTree, cycle, tokens_done, num_tokens: int, last_skipped,
+                codebook) -> torch.Tensor:
     """``[n]`` bool: skip this cycle's verification."""
-    allowed = ~last_skipped & (tokens_done > opts.skip_warmup_tokens)
+    verified_after = tokens_done + opts.max_path_tokens < num_tokens  # the image is not done after the skip
+    allowed = ~last_skipped & (tokens_done > opts.skip_warmup_tokens) & verified_after
     if opts.skip_policy == "uniform":
         return allowed & uniform_due(cycle, opts.skip_interval)
     return allowed & (path_similarity(tree, codebook, opts.sim_decay) >= opts.sim_threshold)

@@ -6,7 +6,9 @@
 - ``accept_lengths``: per verification, the tree nodes committed (root + accepted drafts); ``skip_lengths``:
   per skipped verification, the tokens committed without one.
 - ``trace``: one entry per decoding cycle, ``[kind, image tokens before the cycle, tokens committed]`` with
-  kind ``"verify"`` or ``"skip"`` (``"ar"`` steps for AR). Where a family forces tokens
+  kind ``"verify"`` or ``"skip"`` (``"ar"`` steps for AR), or ``"withdraw"``: a verification after a skip that
+  found a committed token outside the target's filtered support, ``[kind, image tokens left, tokens withdrawn]``
+  (the new root then comes from the target). ``withdrawn_lengths`` lists those counts. Where a family forces tokens
   (:class:`~vvs.runtime.conditions.TokenLayout`), every count here, ``tokens`` included, counts only the model's
   own choices.
 - MAR models (``vvs.families.mar.decode``): one token is one continuous latent; ``target_forwards`` counts the
@@ -36,6 +38,7 @@ class ImageStats:
     skipped_verifications: int = 0
     accept_lengths: list[int] = field(default_factory=list)
     skip_lengths: list[int] = field(default_factory=list)
+    withdrawn_lengths: list[int] = field(default_factory=list)
     verified_lengths: list[int] = field(default_factory=list)
     residual_fallbacks: int = 0
     trace: list[list] = field(default_factory=list)
@@ -72,6 +75,7 @@ class ImageStats:
             "mean_accept_length": self.mean_accept_length,
             "accept_lengths": self.accept_lengths,
             "skip_lengths": self.skip_lengths,
+            "withdrawn_lengths": self.withdrawn_lengths,
             "verified_lengths": self.verified_lengths,
             "acceptance_rate": self.acceptance_rate,
             "residual_fallbacks": self.residual_fallbacks,
@@ -97,6 +101,8 @@ def aggregate(stats: list[ImageStats]) -> dict:
         "verify_forwards": sum(s.verify_forwards for s in stats),
         "drafter_forwards": sum(s.drafter_forwards for s in stats),
         "skipped_verifications": sum(s.skipped_verifications for s in stats),
+        "withdrawals": sum(len(s.withdrawn_lengths) for s in stats),
+        "withdrawn_tokens": sum(sum(s.withdrawn_lengths) for s in stats),
         "tokens_per_target_forward": tokens / max(1, forwards),
         "mean_accept_length": statistics.fmean(accepts) if accepts else 1.0,
         "acceptance_rate": sum(accepts) / verified if verified else None,
@@ -112,9 +118,9 @@ def aggregate(stats: list[ImageStats]) -> dict:
 class Counters:
     """Per-image statistics kept on the device while decoding, so that counting never waits for the device; read
     once, when images finish. ``trace`` rows hold ``(kind, tokens before, tokens committed)`` per cycle, at most
-    one per image token; a spare last row takes the writes of images that record nothing."""
+    ``max_cycles``; a spare last row takes the writes of images that record nothing."""
 
-    KINDS = ("ar", "verify", "skip")
+    KINDS = ("ar", "verify", "skip", "withdraw")
     FIELDS = ("target_forwards", "drafter_forwards", "skipped_verifications")
 
     def __init__(self, n: int, max_cycles: int, device):
@@ -153,6 +159,8 @@ class Counters:
                     s.accept_lengths.append(length)
                 elif kind == 2:
                     s.skip_lengths.append(length)
+                elif kind == 3:
+                    s.withdrawn_lengths.append(length)
 
 
 class Stopwatch:
