@@ -120,7 +120,8 @@ MODES = [("ar", {}), ("sd", {}), ("lantern", {}), ("vvs", {"skip_policy": "unifo
 
 
 @pytest.mark.parametrize("mode,options", MODES)
-@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0, top_p=0.8)])
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0, top_p=0.8),
+                                      dict(temperature=1.0, top_k=3, top_p=0.8)])  # VVS withdraws skipped tokens
 def test_an_image_does_not_depend_on_its_batch(pipe, mode, options, sampling):
     together = pipe.generate(torch.tensor([3, 7, 1]), mode=mode, seed=7, cfg_scale=2.0, decode_images=False,
                              **options, **sampling)
@@ -132,6 +133,8 @@ def test_an_image_does_not_depend_on_its_batch(pipe, mode, options, sampling):
     if mode == "vvs":
         assert sum(s.skipped_verifications for s in together.stats) > 0
         assert len({tuple(k for k, _, _ in s.trace) for s in together.stats}) > 1, "schedules should differ"
+        if "top_k" in sampling:
+            assert sum(len(s.withdrawn_lengths) for s in together.stats) > 0
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd", "vvs"])
