@@ -3,7 +3,7 @@ one ``draft_tree`` call per tree shape (as a fraction of a target step), and the
 cycle. Random weights (per-call costs do not depend on the values; acceptance does, so speed-ups come from
 ``vvs-bench --scale``); ONNX Runtime CPU, one image with guidance.
 
-Usage: python bench/call_costs.py [--size GPT-B] [--vocab 16384] [--folder DIR] [--drafter-weights int8]
+Usage: python bench/call_costs.py [--size GPT-B] [--vocab 16384] [--folder DIR] [--drafter-weights int8|int4]
 [--threads 2] [--json F]
 
 The folder (default ``engines-random-GPT-B``) is exported once and reused; ``--folder`` of an existing engine
@@ -91,7 +91,7 @@ def main():
     parser.add_argument("--size", default="GPT-B")
     parser.add_argument("--vocab", type=int, default=16384)
     parser.add_argument("--folder", default=None)
-    parser.add_argument("--drafter-weights", default="fp32", choices=("fp32", "int8"))
+    parser.add_argument("--drafter-weights", default="fp32", choices=("fp32", "int8", "int4"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--no-decode", action="store_true", help="skip the runtime-per-cycle decodes")

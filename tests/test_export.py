@@ -211,10 +211,12 @@ def test_an_exported_folder_follows_the_umask(tiny_folder):
         assert stat.S_IMODE(path.stat().st_mode) == want, f"{path}: {oct(stat.S_IMODE(path.stat().st_mode))}"
 
 
-def test_an_int8_drafter_runs_on_onnxruntime_and_changes_no_exact_token(bundle_factory, tmp_path):
-    """``--drafter-weights int8``: every constant matrix of the draft_tree graph (the layer and the head) becomes
-    ONNX Runtime's int8 MatMulNBits, in the folder's graph and in a tree graph exported later for another shape;
-    greedy ``sd`` still decodes exactly the ``ar`` tokens. TensorRT and half precision refuse it in one line."""
+@pytest.mark.parametrize("weights,bits", [("int8", 8), ("int4", 4)])
+def test_a_quantised_drafter_runs_on_onnxruntime_and_changes_no_exact_token(bundle_factory, tmp_path, weights, bits):
+    """``--drafter-weights int8`` / ``int4``: every constant matrix of the draft_tree graph (the layer and the head)
+    becomes ONNX Runtime's MatMulNBits of that many bits, in the folder's graph and in a tree graph exported later
+    for another shape; greedy ``sd`` still decodes exactly the ``ar`` tokens. TensorRT and half precision refuse it
+    in one line."""
 
     from vvs.engines.tensorrt_build import BuildError, build_folder
     from vvs.errors import VVSError
@@ -223,29 +225,31 @@ def test_an_int8_drafter_runs_on_onnxruntime_and_changes_no_exact_token(bundle_f
     from vvs.runtime.pipeline import Pipeline
 
     bundle = bundle_factory()
-    manifest = export_folder(bundle, tmp_path / "f", decoding_defaults=SMALL, progress=False, drafter_weights="int8")
-    assert manifest["graphs"]["draft_tree"]["weights"] == "int8"
+    manifest = export_folder(bundle, tmp_path / "f", decoding_defaults=SMALL, progress=False, drafter_weights=weights)
+    assert manifest["graphs"]["draft_tree"]["weights"] == weights
     engines = load_engines(tmp_path / "f", "onnxruntime")
     other = TreeShape(5, 2, 2)
     engines.draft_tree(other)
-    graphs = [tmp_path / "f" / manifest["graphs"]["draft_tree"]["file"], *(tmp_path / "f" / "trees").glob("*int8.onnx")]
+    graphs = [tmp_path / "f" / manifest["graphs"]["draft_tree"]["file"],
+              *(tmp_path / "f" / "trees").glob(f"*{weights}.onnx")]
     assert len(graphs) == 2
     for path in graphs:
         graph = onnx.load(str(path)).graph
-        weights = {i.name for i in graph.initializer}
-        ops = [n.op_type for n in graph.node]
-        assert ops.count("MatMulNBits") >= 8  # fc, q, k, v, o, gate, up, down, head: once per tree level
-        assert not any(n.op_type == "MatMul" and n.input[1] in weights for n in graph.node)
+        weights_ = {i.name for i in graph.initializer}
+        quantised = [n for n in graph.node if n.op_type == "MatMulNBits"]
+        assert len(quantised) >= 8  # fc, q, k, v, o, gate, up, down, head: once per tree level
+        assert {a.i for n in quantised for a in n.attribute if a.name == "bits"} == {bits}
+        assert not any(n.op_type == "MatMul" and n.input[1] in weights_ for n in graph.node)
     pipe = Pipeline(engines)
     for tree in (None, other):
         shape = {} if tree is None else dict(tree_size=tree.tree_size, depth=tree.depth, draft_top_k=tree.draft_top_k)
         ar, sd = (pipe.generate([1, 3], mode=mode, temperature=0, cfg_scale=2.0, decode_images=False, **shape)
                   for mode in ("ar", "sd"))
         assert torch.equal(ar.tokens, sd.tokens)
-    with pytest.raises(BuildError, match="export the folder with --drafter-weights fp32 for TensorRT"):
+    with pytest.raises(BuildError, match=f"its {weights} weights .* export the folder with --drafter-weights fp32"):
         build_folder(tmp_path / "f", "tensorrt-rtx")
-    with pytest.raises(VVSError, match="needs a drafter and --precision fp32"):
-        export_folder(bundle, tmp_path / "g", precision="fp16", progress=False, drafter_weights="int8")
+    with pytest.raises(VVSError, match=f"--drafter-weights {weights}: needs a drafter and --precision fp32"):
+        export_folder(bundle, tmp_path / "g", precision="fp16", progress=False, drafter_weights=weights)
 
 
 def test_force_replaces_a_folder_of_an_earlier_format(bundle_factory, tmp_path):

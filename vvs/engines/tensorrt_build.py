@@ -187,9 +187,10 @@ def build_folder(folder: Path, backend: str = "tensorrt", max_images: int = 8,
     verify_files(folder, manifest)
     if manifest["precision"] == "int8":
         check_int8(folder, manifest)
-    if manifest["graphs"].get("draft_tree", {}).get("weights") == "int8":
-        raise BuildError("draft_tree: its int8 weights are ONNX Runtime's MatMulNBits, which TensorRT does not build; "
-                         "export the folder with --drafter-weights fp32 for TensorRT")
+    weights = manifest["graphs"].get("draft_tree", {}).get("weights", "fp32")
+    if weights != "fp32":
+        raise BuildError(f"draft_tree: its {weights} weights are ONNX Runtime's MatMulNBits, which TensorRT does not "
+                         "build; export the folder with --drafter-weights fp32 for TensorRT")
     out = folder / fl.name
     out.mkdir(exist_ok=True)
     engines = {}

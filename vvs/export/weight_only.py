@@ -1,8 +1,9 @@
-"""Weight-only int8 for ONNX Runtime on CPU: a graph's constant matrices as block-wise int8 ``MatMulNBits``.
+"""Weight-only int8 or int4 for ONNX Runtime on CPU: a graph's constant matrices as block-wise ``MatMulNBits``.
 
 Why: a drafter call at official sizes streams its weights (the decoder layer and the 16,384-code head) once per tree
-level for a handful of rows, so on a CPU it is bound by memory traffic; int8 weights stream a quarter of the bytes.
-Accuracy level 4 makes ONNX Runtime multiply int8 activations (quantised per block on the fly) with the int8
+level for a handful of rows, so on a CPU it is bound by memory traffic, the more so in a decoding loop, where the
+target's forward has evicted the drafter's weights from the caches; int8 weights stream a quarter of the bytes, int4
+an eighth. Accuracy level 4 makes ONNX Runtime multiply int8 activations (quantised per block on the fly) with the
 weights, which is where the time goes away; level 0 dequantises and is slower than float32 here. The drafter only
 proposes, so what this changes is which drafts are proposed, never what an exact mode samples.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 import onnx
 from onnx import numpy_helper
 
-BITS = 8
+BITS = {"int8": 8, "int4": 4}  # by the name an engine folder records
 BLOCK = 32
 ACCURACY_LEVEL = 4  # int8 activations times int8 weights
 
@@ -35,9 +36,9 @@ def fold_weight_transposes(model: onnx.ModelProto) -> None:
         graph.initializer.remove(init)
 
 
-def quantize_weights(path: Path) -> list[Path]:
-    """Rewrite the ONNX file ``path`` with int8 ``MatMulNBits`` in place of its constant-weight MatMuls (weights
-    kept beside it in ``path.data``); returns the files it now consists of."""
+def quantize_weights(path: Path, weights: str) -> list[Path]:
+    """Rewrite the ONNX file ``path`` with ``MatMulNBits`` of ``weights`` (a :data:`BITS` name) in place of its
+    constant-weight MatMuls (weights kept beside it in ``path.data``); returns the files it now consists of."""
     root = logging.getLogger()
     handlers, root_level = list(root.handlers), root.level
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
@@ -51,7 +52,7 @@ def quantize_weights(path: Path) -> list[Path]:
     level = quantiser_log.level
     quantiser_log.setLevel(logging.WARNING)  # it logs every node it visits
     try:
-        quantiser = MatMulNBitsQuantizer(model, bits=BITS, block_size=BLOCK, is_symmetric=True,
+        quantiser = MatMulNBitsQuantizer(model, bits=BITS[weights], block_size=BLOCK, is_symmetric=True,
                                          accuracy_level=ACCURACY_LEVEL)
         quantiser.process()
     finally:

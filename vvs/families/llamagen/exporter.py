@@ -43,7 +43,7 @@ TREE_INDEX = "index.json"  # in TREES: the size and sha256 of every file exporte
 PROMPT_TOKENIZER = "tokenizer.json"  # a target's own text tokenizer, where prompts are its input
 
 
-DRAFTER_WEIGHTS = ("fp32", "int8")
+DRAFTER_WEIGHTS = ("fp32", "int8", "int4")
 
 
 def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", max_draft_top_k: int = 10,
@@ -53,7 +53,7 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
     """Export ``bundle`` into ``out_dir``; returns the manifest. ``neighbours``: LANTERN neighbours stored per
     code (default: the decoding defaults' ``lantern_k``). ``text_encoder``: a t2i target's ``transformers`` T5
     encoder and tokenizer (:func:`vvs.text.export.load_text_encoder`), exported as the ``text_encode`` graph.
-    ``drafter_weights="int8"``: the draft_tree graphs' matrices as ONNX Runtime's int8 ``MatMulNBits``
+    ``drafter_weights="int8"`` or ``"int4"``: the draft_tree graphs' matrices as ONNX Runtime's ``MatMulNBits``
     (:mod:`vvs.export.weight_only`)."""
     if precision not in PRECISIONS:
         raise VVSError(f"option precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
@@ -62,9 +62,9 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
     if precision == "int8" and bundle.arch.int8 is None:
         raise VVSError(f"option --precision int8: vvs has no SmoothQuant layout for {bundle.family}'s target; export "
                        "it as fp32 or fp16")
-    if drafter_weights == "int8" and (precision != "fp32" or bundle.drafter is None):
-        raise VVSError("option --drafter-weights int8: needs a drafter and --precision fp32 (the int8 weights "
-                       "multiply float32 activations quantised on the fly)")
+    if drafter_weights != "fp32" and (precision != "fp32" or bundle.drafter is None):
+        raise VVSError(f"option --drafter-weights {drafter_weights}: needs a drafter and --precision fp32 (the "
+                       f"{drafter_weights} weights multiply float32 activations quantised on the fly)")
     defaults = DecodeOptions().updated(**(decoding_defaults or {}))
     if bundle.drafter is None and defaults.uses_drafter:  # the best exact mode that needs no drafter
         defaults = defaults.updated(mode="sjd-pac")
@@ -97,8 +97,8 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
             written = export_graph(graphs[name], specs[name], work / f"{name}.onnx", vocab,
                                    bundle.target.config.max_positions - 1)
             onnx.checker.check_model(str(written[0]))
-            if name == "draft_tree" and drafter_weights == "int8":
-                written = quantize_weights(written[0])
+            if name == "draft_tree" and drafter_weights != "fp32":
+                written = quantize_weights(written[0], drafter_weights)
             files += written
             entries[name] = {"file": written[0].name, "spec": specs[name].to_dict()}
         if drafter is not None:
@@ -159,8 +159,8 @@ def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, Gr
     folder's own files are checked; a graph that fails (truncated, edited) is exported again."""
     folder = Path(folder)
     weights = "".join(manifest["files"][TORCH_WEIGHTS[m]]["sha256"][:8] for m in ("target", "drafter"))
-    int8 = manifest["graphs"]["draft_tree"].get("weights") == "int8"
-    path = folder / TREES / f"draft_tree-{tree.name}-{weights}{'-int8' if int8 else ''}.onnx"
+    bits = manifest["graphs"]["draft_tree"].get("weights", "fp32")
+    path = folder / TREES / f"draft_tree-{tree.name}-{weights}{'' if bits == 'fp32' else '-' + bits}.onnx"
     arch = family_of(manifest).entry("target_arch")
     target = arch.config(**manifest["model"]["target"])
     act = graph_spec(manifest, "draft_tree").inputs[0].dtype
@@ -176,7 +176,7 @@ def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, Gr
         cast_floating(module, DTYPES[act])
         try:
             written = export_graph(module, spec, path, target.vocab_size, target.max_positions - 1)
-            _record(path.parent, quantize_weights(path) if int8 else written)
+            _record(path.parent, written if bits == "fp32" else quantize_weights(path, bits))
         except OSError as err:
             raise VVSError(f"{path}: cannot write the draft_tree graph for tree {tree.name} ({err.strerror or err}); "
                            "make the engine folder writable, or export it with this tree as a default") from None

@@ -137,6 +137,7 @@ def describe(manifest: dict) -> str | None:
     inflated = manifest["model"].get("inflated")
     if inflated is None:
         return None
+    bits = inflated["source"].get("drafter_weights", "fp32")
     t = family_of(manifest).entry("target_arch").config(**manifest["model"]["target"])
     depth = ("" if inflated.get("layers", t.n_layer) == inflated.get("official_layers", t.n_layer) else
              f"; the target's time extrapolated linearly in depth from {t.n_layer} to its {inflated['official_layers']} "
@@ -145,5 +146,4 @@ def describe(manifest: dict) -> str | None:
             f"wide with the {t.vocab_size}-row head vvs runs at that size, a one-layer drafter of its width) with the "
             f"acceptance of {inflated['source_folder']}'s pair, whose {len(t.sampled_ids)} codes are the only ones "
             "sampled"
-            + ("; the drafter's weights int8 (ONNX Runtime's MatMulNBits)"
-               if inflated["source"].get("drafter_weights") == "int8" else "") + depth)
+            + (f"; the drafter's weights {bits} (ONNX Runtime's MatMulNBits)" if bits != "fp32" else "") + depth)
