@@ -98,7 +98,7 @@ def main():
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    folder = Path(args.folder or f"engines-random-{args.size}" + ("-int8" if args.drafter_weights == "int8" else ""))
+    folder = Path(args.folder or f"engines-random-{args.size}" + ("" if args.drafter_weights == "fp32" else f"-{args.drafter_weights}"))
     if not (folder / MANIFEST).is_file():
         export_random(args.size, args.vocab, folder, args.drafter_weights)
     engines = load_engines(folder, "onnxruntime", threads=args.threads)
