@@ -243,6 +243,7 @@ def test_the_drafter_mixes_guidance_after_janus_mlp_head(bundle):
 
     head = bundle.target.head
     proposer = Proposer(head, top_k=8)
+    assert not proposer.linear
     hidden = torch.randn(4, 1, bundle.target.config.dim, generator=torch.Generator().manual_seed(0)) * 3
     cfg_mix = cfg_matrix(2, 5.0)
     args = (torch.tensor([1.0]), torch.tensor([0]), torch.tensor([1.0]), torch.tensor([1]))

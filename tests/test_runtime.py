@@ -167,34 +167,6 @@ def test_class_id_out_of_range(pipe):
         pipe.generate(torch.tensor([1, 10]))
 
 
-def test_the_target_head_scores_one_row_per_image_under_guidance(pipe):
-    """Guidance and LlamaGen's head are both linear, so the graphs mix a guided pair's hidden states before the head:
-    it scores one row per image instead of two, and the logits equal mixing the two rows' logits (to rounding)."""
-    from vvs.runtime.sampling import cfg_matrix, mix
-
-    graph = pipe.engines.graphs["target_verify"].module
-    rows = []
-    hook = graph.target.head.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
-    try:
-        pipe.generate(torch.tensor([1, 5]), mode="ar", cfg_scale=2.0, decode_images=False)
-    finally:
-        hook.remove()
-    assert rows and set(rows) == {2}  # two images, four guided rows
-    target, c = graph.target, graph.target.config.cls_token_num
-    classes = torch.tensor([1, 5])
-    tokens = torch.tensor([[3, 7, 1], [0, 2, 9]])
-    with torch.no_grad():
-        prefix = target(condition=torch.cat([classes, target.null_condition(classes)]),
-                        position_ids=torch.arange(c).expand(4, -1), mask=torch.ones(1, 1, c, c, dtype=torch.bool).tril())
-        mask = torch.ones(1, 1, 3, c + 3, dtype=torch.bool)
-        mask[..., c:] = torch.ones(3, 3, dtype=torch.bool).tril()
-        logits, _, _ = graph(tokens.repeat(2, 1), torch.arange(c, c + 3).expand(4, -1), mask, prefix.new_kv,
-                             cfg_matrix(2, 2.0))
-        reference = target(tokens=tokens.repeat(2, 1), position_ids=torch.arange(c, c + 3).expand(4, -1), mask=mask,
-                           past_kv=prefix.new_kv).logits
-    torch.testing.assert_close(logits, mix(cfg_matrix(2, 2.0), reference), atol=1e-5, rtol=1e-5)
-
-
 def test_runtime_ar_equals_the_model_level_sampler(pipe):
     """Two independent implementations of guided AR decoding (the runtime's loop over the exported-graph
     interface, and :func:`sample_ar` on the model) agree token for token when decoding greedily."""

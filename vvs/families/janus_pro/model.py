@@ -195,17 +195,15 @@ class JanusGen(nn.Module):
         return self.image_embeddings(torch.arange(self.config.vocab_size, device=self.gen_embed.weight.device))
 
     def forward(self, *, tokens: torch.Tensor | None = None, condition: torch.Tensor | None = None,
-                position_ids: torch.Tensor, mask: torch.Tensor, past_kv: torch.Tensor | None = None,
-                scores: bool = True) -> GPTOutput:
+                position_ids: torch.Tensor, mask: torch.Tensor, past_kv: torch.Tensor | None = None) -> GPTOutput:
         """Run new positions: image ``tokens [B, T]`` (codes) or a ``condition`` (prompt ids ``[B, C]``).
 
         position_ids ``[B, T]`` index the RoPE table (prompt slots ``0..C-1``, image code i at ``C + i``); mask is
-        bool ``[B or 1, 1, T, P + T]`` over ``past ‖ new``; past_kv ``[n_layer, 2, B, H, P, hd]`` or None.
-        ``scores=False``: no logits (the graphs apply the head themselves, after guidance)."""
+        bool ``[B or 1, 1, T, P + T]`` over ``past ‖ new``; past_kv ``[n_layer, 2, B, H, P, hd]`` or None."""
         if (tokens is None) == (condition is None):
             raise ValueError("pass exactly one of tokens= or condition=")
         x = self.image_embeddings(tokens) if tokens is not None else self.language_model.model.embed_tokens(condition)
-        return self.forward_embeddings(x, position_ids, mask, past_kv, scores)
+        return self.forward_embeddings(x, position_ids, mask, past_kv)
 
     def teacher_forced(self, condition: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> GPTOutput:
         """One causal forward over ``[prompt ‖ codes]``: output position ``C - 1 + i`` predicts code ``i``."""
@@ -214,7 +212,7 @@ class JanusGen(nn.Module):
         positions = torch.arange(length, device=x.device).expand(b, -1)
         return self.forward_embeddings(x, positions, causal_mask(length, x.device) if mask is None else mask)
 
-    def forward_embeddings(self, x, position_ids, mask, past_kv=None, scores: bool = True) -> GPTOutput:
+    def forward_embeddings(self, x, position_ids, mask, past_kv=None) -> GPTOutput:
         body = self.language_model.model
         rope = self.rotary(position_ids)
         new_kv = []
@@ -222,4 +220,4 @@ class JanusGen(nn.Module):
             x, kv = layer(x, rope, mask, None if past_kv is None else past_kv[i])
             new_kv.append(kv)
         hidden = body.norm(x)
-        return GPTOutput(self.gen_head(hidden).float() if scores else None, hidden, torch.stack(new_kv))
+        return GPTOutput(self.gen_head(hidden).float(), hidden, torch.stack(new_kv))

@@ -200,7 +200,7 @@ class TransformerBlock(nn.Module):
 
 
 class GPTOutput(NamedTuple):
-    logits: torch.Tensor | None  # [B, T, vocab] float32 (None when the caller applies the head)
+    logits: torch.Tensor  # [B, T, vocab] float32
     hidden: torch.Tensor  # [B, T, dim] post-final-norm: the features the drafter consumes
     new_kv: torch.Tensor  # [n_layer, 2, B, n_head, T, head_dim]: keys/values of the T new positions
 
@@ -245,18 +245,16 @@ class GPT(nn.Module):
         position_ids: torch.Tensor,
         mask: torch.Tensor,
         past_kv: torch.Tensor | None = None,
-        scores: bool = True,
     ) -> GPTOutput:
         """Run new positions: image ``tokens [B, T]`` or a ``condition`` (class ids ``[B]`` / captions ``[B, C, caption_dim]``).
 
         position_ids ``[B, T]`` index the RoPE table (condition slots ``0..C-1``, image token i at ``C + i``);
         mask is bool ``[B or 1, 1, T, P + T]`` over ``past ‖ new``; past_kv ``[n_layer, 2, B, H, P, hd]`` or None.
-        ``scores=False``: no logits (the graphs apply the head themselves, after guidance).
         """
         if (tokens is None) == (condition is None):
             raise ValueError("pass exactly one of tokens= or condition=")
         x = self.tok_embeddings(tokens) if tokens is not None else self.cls_embedding(condition)
-        return self.forward_embeddings(self.tok_dropout(x), position_ids, mask, past_kv, scores)
+        return self.forward_embeddings(self.tok_dropout(x), position_ids, mask, past_kv)
 
     def teacher_forced(self, condition: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> GPTOutput:
         """One causal forward over ``[condition slots ‖ tokens]`` (training, likelihoods, reference checks).
@@ -269,14 +267,14 @@ class GPT(nn.Module):
         mask = causal_mask(length, x.device) if mask is None else mask
         return self.forward_embeddings(self.tok_dropout(x), positions, mask)
 
-    def forward_embeddings(self, x, position_ids, mask, past_kv=None, scores: bool = True) -> GPTOutput:
+    def forward_embeddings(self, x, position_ids, mask, past_kv=None) -> GPTOutput:
         rope = self.rotary(position_ids)
         new_kv = []
         for i, layer in enumerate(self.layers):
             x, kv = layer(x, rope, mask, None if past_kv is None else past_kv[i])
             new_kv.append(kv)
         hidden = self.norm(x)
-        return GPTOutput(self.output(hidden).float() if scores else None, hidden, torch.stack(new_kv))
+        return GPTOutput(self.output(hidden).float(), hidden, torch.stack(new_kv))
 
 
 @torch.no_grad()

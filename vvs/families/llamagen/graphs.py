@@ -30,8 +30,8 @@ class TargetPrefill(nn.Module):
     def forward(self, condition, attn_mask, cfg_mix):
         c = self.target.config.cls_token_num
         positions = torch.arange(c, device=attn_mask.device).expand(condition.shape[0], c)
-        out = self.target(condition=condition, position_ids=positions, mask=attn_mask, scores=False)
-        return _masked(self.mask, guided_scores(self.target.head, out.hidden[:, -1], cfg_mix)), out.hidden, out.new_kv
+        out = self.target(condition=condition, position_ids=positions, mask=attn_mask)
+        return _masked(self.mask, mix(cfg_mix, out.logits[:, -1])), out.hidden, out.new_kv
 
 
 class TargetVerify(nn.Module):
@@ -43,23 +43,8 @@ class TargetVerify(nn.Module):
         self.mask = vocabulary_mask(target.config.vocab_size, target.config.sampled_ids)
 
     def forward(self, input_ids, position_ids, attn_mask, past_kv, cfg_mix):
-        out = self.target(tokens=input_ids, position_ids=position_ids, mask=attn_mask, past_kv=past_kv, scores=False)
-        return _masked(self.mask, guided_scores(self.target.head, out.hidden, cfg_mix)), out.hidden, out.new_kv
-
-
-def guided_scores(head: nn.Module, hidden: torch.Tensor, cfg_mix: torch.Tensor) -> torch.Tensor:
-    """Float32 logits of ``hidden [rows, ..., D]`` under guidance ``cfg_mix [n, rows]``: ``[n, ..., V]``.
-
-    Guidance is linear, so where the head is linear too (LlamaGen's, Chameleon's) the rows' hidden states are mixed
-    before it: the same logits in real arithmetic, for half the head's work with guidance. At 16,384 codes the head
-    is a tenth of a GPT-B forward, the more so for a verification's many rows. A head that is not linear (Janus-Pro's
-    MLP) scores every row and the logits are mixed. Mixing runs in the wider of the two dtypes (float64 engines
-    keep float64)."""
-    dtype = next(head.parameters()).dtype
-    if isinstance(head, nn.Linear):
-        mixed = mix(cfg_mix.to(torch.promote_types(cfg_mix.dtype, hidden.dtype)), hidden)
-        return head(mixed.to(dtype)).float()
-    return mix(cfg_mix, head(hidden.to(dtype)).float())
+        out = self.target(tokens=input_ids, position_ids=position_ids, mask=attn_mask, past_kv=past_kv)
+        return _masked(self.mask, mix(cfg_mix, out.logits)), out.hidden, out.new_kv
 
 
 def _masked(mask, logits):
@@ -83,8 +68,9 @@ class Proposer(nn.Module):
     """The ``top_k`` children a node proposes, with their log-probabilities, from the drafter's hidden state.
 
     At official vocabularies (16,384 codes) the target's head is the largest matrix a drafter call reads, so it is
-    applied once per expanded node (after guidance, :func:`guided_scores`) and nowhere else, and nothing sorts the
-    vocabulary. Candidates are the top-k of
+    applied once per expanded node and nowhere else: guidance is linear, so where the head is linear too (LlamaGen's)
+    the guided rows' hidden states are mixed before it rather than their logits after it, and nothing sorts the
+    vocabulary. A head that is not linear (Janus-Pro's MLP) scores every row and mixes the logits. Candidates are the top-k of
     the tempered logits, scored by log-probability under the tempered distribution (normalised by a log-sum-exp over
     the vocabulary). The sampling filters then remove exactly the candidates that the target's filter
     (:func:`vvs.runtime.sampling.filter_logits`) would remove from these logits, so a draft the target's filter
@@ -93,12 +79,18 @@ class Proposer(nn.Module):
     def __init__(self, head: nn.Module, top_k: int, mask: nn.Module | None = None):
         super().__init__()
         self.head = head
+        self.linear = isinstance(head, nn.Linear)
         self.top_k = top_k
         self.mask = mask
 
     def forward(self, hidden, cfg_mix, temperature, top_k, top_p, survivors_k):
         """``hidden [rows, j, D]`` -> ``(logp, ids)``, each ``[n, j, top_k]``, best first."""
-        logits = _masked(self.mask, guided_scores(self.head, hidden, cfg_mix)) / temperature.clamp_min(1e-5)
+        dtype = next(self.head.parameters()).dtype
+        if self.linear:
+            scores = self.head(mix(cfg_mix, hidden).to(dtype)).float()
+        else:
+            scores = mix(cfg_mix, self.head(hidden.to(dtype)).float())
+        logits = _masked(self.mask, scores) / temperature.clamp_min(1e-5)
         top = logits.topk(self.top_k, dim=-1)
         logp = top.values - torch.logsumexp(logits, dim=-1, keepdim=True)
         kept = self.filtered(logits, top.values, top_k, top_p, survivors_k)

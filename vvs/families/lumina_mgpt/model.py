@@ -202,18 +202,16 @@ class ChameleonGen(nn.Module):
         return self.model.embed_tokens(self.stream_ids)
 
     def forward(self, *, tokens: torch.Tensor | None = None, condition: torch.Tensor | None = None,
-                position_ids: torch.Tensor, mask: torch.Tensor, past_kv: torch.Tensor | None = None,
-                scores: bool = True) -> GPTOutput:
+                position_ids: torch.Tensor, mask: torch.Tensor, past_kv: torch.Tensor | None = None) -> GPTOutput:
         """Run new positions: stream ``tokens [B, T]`` (indices of the stream vocabulary) or a ``condition``
         (prompt ids ``[B, C]`` of the joint vocabulary).
 
         position_ids ``[B, T]`` index the RoPE table (prompt slots ``0..C-1``, stream token i at ``C + i``); mask is
-        bool ``[B or 1, 1, T, P + T]`` over ``past ‖ new``; past_kv ``[n_layer, 2, B, H, P, hd]`` or None.
-        ``scores=False``: no logits (the graphs apply the head themselves, after guidance)."""
+        bool ``[B or 1, 1, T, P + T]`` over ``past ‖ new``; past_kv ``[n_layer, 2, B, H, P, hd]`` or None."""
         if (tokens is None) == (condition is None):
             raise ValueError("pass exactly one of tokens= or condition=")
         ids = self.stream_ids[tokens] if tokens is not None else condition
-        return self.forward_embeddings(self.model.embed_tokens(ids), position_ids, mask, past_kv, scores)
+        return self.forward_embeddings(self.model.embed_tokens(ids), position_ids, mask, past_kv)
 
     def teacher_forced(self, condition: torch.Tensor, tokens: torch.Tensor,
                        mask: torch.Tensor | None = None) -> GPTOutput:
@@ -224,11 +222,11 @@ class ChameleonGen(nn.Module):
         positions = torch.arange(length, device=x.device).expand(b, -1)
         return self.forward_embeddings(x, positions, causal_mask(length, x.device) if mask is None else mask)
 
-    def forward_embeddings(self, x, position_ids, mask, past_kv=None, scores: bool = True) -> GPTOutput:
+    def forward_embeddings(self, x, position_ids, mask, past_kv=None) -> GPTOutput:
         rope = self.rotary(position_ids)
         new_kv = []
         for i, layer in enumerate(self.model.layers):
             x, kv = layer(x, rope, mask, None if past_kv is None else past_kv[i])
             new_kv.append(kv)
         hidden = self.model.norm(x)
-        return GPTOutput(self.lm_head(hidden).float() if scores else None, hidden, torch.stack(new_kv))
+        return GPTOutput(self.lm_head(hidden).float(), hidden, torch.stack(new_kv))
