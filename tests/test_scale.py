@@ -347,7 +347,7 @@ def test_inflated_janus_pair_computes_the_same_function(janus_bundle, janus_1b, 
     from conftest import JANUS_PROMPTS
     import vvs.families.janus_pro.inflate as janus_inflate
     from vvs.families.janus_pro.prompts import PromptIds
-    from vvs.models.inflation import Inflater, head_channels
+    from vvs.models.inflation import Inflater
 
     cfg = janus_1b.target.config
     assert (cfg.dim, cfg.n_head, cfg.ffn_hidden, cfg.vocab_size, cfg.n_layer) == (2048, 16, 5632, 16384, 2)
@@ -360,11 +360,9 @@ def test_inflated_janus_pair_computes_the_same_function(janus_bundle, janus_1b, 
     assert torch.equal(b.hidden[..., 64:], torch.zeros_like(b.hidden[..., 64:]))
     assert janus_1b.target.gen_head.vision_head.weight[256:].abs().min() > 0  # real arithmetic on the extra codes
 
-    def interleaved(small, big, seed):
-        heads = head_channels(small.n_head, small.head_dim, big.head_dim, interleaved=True, blocks=1)
-        return Inflater(small.dim, big.dim, heads, small.head_dim, big.head_dim, seed)
-
-    monkeypatch.setattr(janus_inflate, "inflater", interleaved)
+    between = Inflater.between.__func__  # the wrong head layout for Janus-Pro: LlamaGen's interleaved rotary pairs
+    monkeypatch.setattr(Inflater, "between",
+                        classmethod(lambda cls, small, big, seed, **_: between(cls, small, big, seed, interleaved=True)))
     wrong = janus_inflate.inflate_target(janus_bundle.target, "Janus-Pro-1B", n_layer=2)
     c = _janus_logits(replace(janus_bundle, target=wrong, drafter=janus_1b.drafter), ids, mask, tokens)[0]
     assert (a.logits - c.logits[..., :256]).abs().max() > 1e-3 * a.logits.abs().max()

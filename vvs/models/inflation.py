@@ -53,6 +53,13 @@ class Inflater:
         self.norm_scale = math.sqrt(dim / big_dim)
         self.gen = torch.Generator().manual_seed(seed)
 
+    @classmethod
+    def between(cls, small, big, seed: int, *, interleaved: bool = False, blocks: int = 1) -> "Inflater":
+        """An inflater from config ``small`` to config ``big`` (each with ``dim``, ``n_head`` and ``head_dim``);
+        ``interleaved`` / ``blocks``: the heads' rotary layout (:func:`head_channels`)."""
+        heads = head_channels(small.n_head, small.head_dim, big.head_dim, interleaved=interleaved, blocks=blocks)
+        return cls(small.dim, big.dim, heads, small.head_dim, big.head_dim, seed)
+
     def randomize(self, module: nn.Module) -> None:
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=self.gen) * 0.02)

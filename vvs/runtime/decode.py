@@ -451,7 +451,8 @@ class Speculation:
         d.kv.commit(out["new_kv"], keep, kept)
         self.features.append(out["hidden"], keep, kept)
         path = tree.tokens.gather(1, acc.nodes.clamp(min=0))
-        self.withdraw(withdraw, sound, redraw, out["hidden"])
+        if a_max > 0:  # only a chain can be withdrawn
+            self.withdraw(withdraw, sound, redraw, out["hidden"])
         d.counters.record(verifying & ~withdraw, "verify", *d.counted(d.count, length))
         d.counters.add("target_forwards", verifying)
         d.append_tokens(path, length)

@@ -5,22 +5,15 @@ from pathlib import Path
 
 import click
 
+from vvs.train.commands import reproduce_command
 
-@click.command("janus-pro", help="Reproduce the shipped Janus-Pro pair (its prompt tokenizer, a small target of "
-                                 "Janus-Pro's generation architecture and its drafter) on the shipped tokenizer's "
-                                 "codes of the shipped photographs and their captions. Resumable.")
-@click.option("--out", type=click.Path(file_okay=False), default="runs/janus", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--vq", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="The VQ tokenizer of the images. Default: the shipped one.")
-def train_janus_cmd(out, seed, vq):
-    from vvs.families.janus_pro.train import reproduce_janus
-    from vvs.families.llamagen.bundle import shipped_path
-    from vvs.output import ensure_writable_dir
 
-    ensure_writable_dir(Path(out))
-    weights = reproduce_janus(Path(out), Path(vq) if vq else shipped_path("vq"), seed)
-    click.echo(f"wrote {weights} (copy its files to vvs/weights/ to ship them)")
+train_janus_cmd = reproduce_command(
+    "janus-pro", help="Reproduce the shipped Janus-Pro pair (its prompt tokenizer, a small target of Janus-Pro's "
+                      "generation architecture and its drafter) on the shipped tokenizer's codes of the shipped "
+                      "photographs and their captions. Resumable.",
+    out="runs/janus", vq_help="The VQ tokenizer of the images.",
+    reproduce="vvs.families.janus_pro.train:reproduce_janus", shipping="its files")
 
 
 @click.command("janus-drafter", help="Train an EAGLE drafter for an official Janus-Pro checkpoint. --data is an .npz "

@@ -21,7 +21,7 @@ from vvs.families.janus_pro.family import SCALE_SIZES
 from vvs.families.janus_pro.model import JanusConfig, JanusGen, janus_config
 from vvs.families.llamagen.bundle import ModelBundle
 from vvs.families.llamagen.inflate import inflate_drafter
-from vvs.models.inflation import Inflater, head_channels
+from vvs.models.inflation import Inflater
 
 SIZES = SCALE_SIZES
 
@@ -45,16 +45,11 @@ def inflated_config(small: JanusConfig, size: str, n_layer: int | None = None) -
                    norm_eps=small.norm_eps * small.dim / big.dim, sampled_codes=len(small.sampled_ids))
 
 
-def inflater(small: JanusConfig, big: JanusConfig, seed: int) -> Inflater:
-    heads = head_channels(small.n_head, small.head_dim, big.head_dim, interleaved=False, blocks=1)
-    return Inflater(small.dim, big.dim, heads, small.head_dim, big.head_dim, seed)
-
-
 @torch.no_grad()
 def inflate_target(small: JanusGen, size: str, n_layer: int | None = None, seed: int = 0) -> JanusGen:
     cfg = inflated_config(small.config, size, n_layer)
     big = JanusGen(cfg).eval()
-    f = inflater(small.config, cfg, seed)
+    f = Inflater.between(small.config, cfg, seed)
     f.randomize(big)
     sc, d, v, hw = small.config, small.config.dim, small.config.vocab_size, small.config.head_width
     body, small_body = big.language_model.model, small.language_model.model
@@ -89,6 +84,6 @@ def inflate_bundle(bundle: ModelBundle, size: str, n_layer: int | None = None, s
     """``bundle``'s target and drafter inflated to the official ``size`` (``n_layer`` layers: default the size's);
     the VQ decoder and the prompt tokenizer are shared."""
     target = inflate_target(bundle.target, size, n_layer, seed)
-    f = inflater(bundle.target.config, target.config, seed + 1)
+    f = Inflater.between(bundle.target.config, target.config, seed + 1)
     drafter = None if bundle.drafter is None else inflate_drafter(bundle.drafter, target.config, f)
     return ModelBundle(target, drafter, bundle.vq, bundle.family, bundle.tokenizer)

@@ -24,7 +24,7 @@ from vvs.families.llamagen.bundle import ModelBundle
 from vvs.families.llamagen.drafter import Drafter
 from vvs.families.llamagen.family import SCALE_SIZES
 from vvs.families.llamagen.gpt import GPT, GPTConfig, gpt_config
-from vvs.models.inflation import Inflater, head_channels
+from vvs.models.inflation import Inflater
 
 SIZES = SCALE_SIZES
 
@@ -49,16 +49,11 @@ def inflated_config(small: GPTConfig, size: str, n_layer: int | None = None) -> 
                    vocab_size=big.vocab_size, sampled_codes=len(small.sampled_ids))
 
 
-def inflater(small: GPTConfig, big: GPTConfig, seed: int) -> Inflater:
-    heads = head_channels(small.n_head, small.head_dim, big.head_dim, interleaved=True, blocks=2)
-    return Inflater(small.dim, big.dim, heads, small.head_dim, big.head_dim, seed)
-
-
 @torch.no_grad()
 def inflate_target(small: GPT, size: str, n_layer: int | None = None, seed: int = 0) -> GPT:
     cfg = inflated_config(small.config, size, n_layer)
     big = GPT(cfg).eval()
-    f = inflater(small.config, cfg, seed)
+    f = Inflater.between(small.config, cfg, seed, interleaved=True, blocks=2)
     f.randomize(big)
     d, D, v = small.config.dim, cfg.dim, small.config.vocab_size
     f.embedding(big.tok_embeddings.weight, small.tok_embeddings.weight)
@@ -123,6 +118,6 @@ def inflate_bundle(bundle: ModelBundle, size: str, n_layer: int | None = None, s
     """``bundle``'s target and drafter inflated to the official ``size`` (``n_layer`` layers: default the size's);
     the VQ decoder is shared."""
     target = inflate_target(bundle.target, size, n_layer, seed)
-    f = inflater(bundle.target.config, target.config, seed + 1)
+    f = Inflater.between(bundle.target.config, target.config, seed + 1, interleaved=True, blocks=2)
     drafter = None if bundle.drafter is None else inflate_drafter(bundle.drafter, target.config, f)
     return ModelBundle(target, drafter, bundle.vq, bundle.family, bundle.tokenizer)

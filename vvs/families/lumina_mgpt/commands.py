@@ -6,23 +6,15 @@ from pathlib import Path
 
 import click
 
+from vvs.train.commands import reproduce_command
 
-@click.command("lumina-mgpt", help="Reproduce the shipped Lumina-mGPT pair (a small Chameleon-architecture target, "
-                                   "its drafter, the shipped VQ tokenizer as a Chameleon VQGAN and a text tokenizer "
-                                   "in Chameleon's vocabulary layout) on the shipped photographs and their captions. "
-                                   "Resumable.")
-@click.option("--out", type=click.Path(file_okay=False), default="runs/lumina", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--vq", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="The VQ tokenizer the VQGAN is made from and the images are coded with. Default: the shipped one.")
-def train_lumina_cmd(out, seed, vq):
-    from vvs.families.llamagen.bundle import shipped_path
-    from vvs.families.lumina_mgpt.train import reproduce_lumina
-    from vvs.output import ensure_writable_dir
 
-    ensure_writable_dir(Path(out))
-    weights = reproduce_lumina(Path(out), Path(vq) if vq else shipped_path("vq"), seed)
-    click.echo(f"wrote {weights} (copy its files to vvs/weights/ to ship them)")
+train_lumina_cmd = reproduce_command(
+    "lumina-mgpt", help="Reproduce the shipped Lumina-mGPT pair (a small Chameleon-architecture target, its drafter, "
+                        "the shipped VQ tokenizer as a Chameleon VQGAN and a text tokenizer in Chameleon's vocabulary "
+                        "layout) on the shipped photographs and their captions. Resumable.",
+    out="runs/lumina", vq_help="The VQ tokenizer the VQGAN is made from and the images are coded with.",
+    reproduce="vvs.families.lumina_mgpt.train:reproduce_lumina", shipping="its files")
 
 
 @click.command("lumina-drafter", help="Train an EAGLE drafter of Chameleon layers (LANTERN's kind) for an official "

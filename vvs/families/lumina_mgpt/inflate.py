@@ -24,7 +24,7 @@ from vvs.families.llamagen.bundle import ModelBundle
 from vvs.families.llamagen.inflate import inflate_drafter
 from vvs.families.lumina_mgpt.family import SCALE_SIZES
 from vvs.families.lumina_mgpt.model import ChameleonConfig, ChameleonGen, lumina_config
-from vvs.models.inflation import Inflater, head_channels
+from vvs.models.inflation import Inflater
 
 SIZES = SCALE_SIZES
 
@@ -48,16 +48,11 @@ def inflated_config(small: ChameleonConfig, size: str, n_layer: int | None = Non
                    joint_vocab_size=max(small.joint_vocab_size, last_id), norm_eps=small.norm_eps * small.dim / big.dim)
 
 
-def inflater(small: ChameleonConfig, big: ChameleonConfig, seed: int) -> Inflater:
-    heads = head_channels(small.n_head, small.head_dim, big.head_dim, interleaved=False, blocks=1)
-    return Inflater(small.dim, big.dim, heads, small.head_dim, big.head_dim, seed)
-
-
 @torch.no_grad()
 def inflate_target(small: ChameleonGen, size: str, n_layer: int | None = None, seed: int = 0) -> ChameleonGen:
     cfg = inflated_config(small.config, size, n_layer)
     big = ChameleonGen(cfg).eval()
-    f = inflater(small.config, cfg, seed)
+    f = Inflater.between(small.config, cfg, seed)
     f.randomize(big)
     f.embedding(big.model.embed_tokens.weight, small.model.embed_tokens.weight)
     for i, layer in enumerate(big.model.layers):
@@ -75,6 +70,6 @@ def inflate_bundle(bundle: ModelBundle, size: str, n_layer: int | None = None, s
     """``bundle``'s target and drafter inflated to the official ``size`` (``n_layer`` layers: default the size's);
     the VQGAN and the prompt tokenizer are shared."""
     target = inflate_target(bundle.target, size, n_layer, seed)
-    f = inflater(bundle.target.config, target.config, seed + 1)
+    f = Inflater.between(bundle.target.config, target.config, seed + 1)
     drafter = None if bundle.drafter is None else inflate_drafter(bundle.drafter, target.config, f)
     return ModelBundle(target, drafter, bundle.vq, bundle.family, bundle.tokenizer)
