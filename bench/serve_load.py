@@ -55,7 +55,7 @@ def main():
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--replicas", default="1,2")
     ap.add_argument("--max-batch", type=int, default=16)
-    ap.add_argument("--out", default="docs/bench/serve-load.json")
+    ap.add_argument("--out", default="bench/results/serve-load.json")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     pipe = Pipeline(load_engines(args.engine, "onnxruntime", threads=2), max_batch=args.max_batch)
