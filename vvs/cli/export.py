@@ -49,7 +49,9 @@ for _family in FAMILIES.values():
 
 
 def export(model, out, force, backend, compute_capability, max_images, **options):
+    from vvs.engines.manifest import update_manifest
     from vvs.export.folder import check_out_dir
+    from vvs.models.hub import resolve_options
 
     start = time.time()
     chosen = family(model)
@@ -72,7 +74,10 @@ def export(model, out, force, backend, compute_capability, max_images, **options
         capabilities = parse_compute_capabilities(compute_capability)
         check_build_request(backend, capabilities)
     own = {name: value for name, value in options.items() if name not in OWNERS or chosen in OWNERS[name]}
+    own, sources = resolve_options(own, ctx.command.params, click.echo)  # hub ids -> the hub cache's files
     manifest = chosen.call("export", own, Path(out), force, click.echo)
+    if sources:
+        manifest = update_manifest(Path(out), sources=sources)
     if backend != "onnxruntime":
         from vvs.engines.tensorrt_build import build_folder
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import jsonschema
@@ -41,6 +42,10 @@ _TENSOR = {"type": "object", "required": ["name", "dtype", "shape"], "properties
 _SPEC = {"type": "object", "required": ["name", "inputs", "outputs"], "properties": {
     "name": {"type": "string"}, "inputs": {"type": "array", "items": _TENSOR},
     "outputs": {"type": "array", "items": _TENSOR}}}
+# where an option's checkpoint came from when it named a Hugging Face hub id (vvs.models.hub)
+_SOURCE = {"type": "object", "required": ["repo", "revision", "commit"], "properties": {
+    "repo": {"type": "string", "pattern": "^[^/]+/[^/]+$"}, "revision": {"type": "string"},
+    "commit": {"type": "string", "pattern": "^[0-9a-f]{40}$"}, "path": {"type": "string"}}}
 _PLANS = {"type": "object", "required": ["engines"], "properties": {"engines": {
     "type": "object", "additionalProperties": {"type": "object", "required": ["file", "profiles"], "properties": {
         "file": _NAME, "profiles": {"type": "array", "items": {"type": "object"}}}}}}}
@@ -71,6 +76,7 @@ MANIFEST_SCHEMA = {
         "prompts": {"type": "object", "required": ["tokenizer"], "properties": {"tokenizer": _NAME}},
         "tensorrt": _PLANS,
         "tensorrt-rtx": _PLANS,
+        "sources": {"type": "object", "additionalProperties": _SOURCE},
     },
     # each family's own requirements, where the manifest names it
     "allOf": [{"if": {"properties": {"model": {"properties": {"family": {"const": name}}}}},
@@ -129,6 +135,22 @@ def read_manifest(folder: Path) -> dict:
         family_of(manifest).options.from_dict(manifest["decoding_defaults"])
     except OptionsError as err:
         raise EngineFolderError(f"{path}: decoding_defaults: {err}; fix the file or re-export the folder") from None
+    return manifest
+
+
+def update_manifest(folder: Path, **fields) -> dict:
+    """Set top-level fields of a folder's manifest, checked against the schema; the manifest is replaced in one
+    rename, and the files it lists are untouched. Returns the manifest."""
+    path = Path(folder) / MANIFEST
+    manifest = {**json.loads(path.read_text()), **fields}
+    check_manifest(manifest, path)
+    tmp = path.with_name(MANIFEST + ".tmp")
+    try:
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as err:
+        raise EngineFolderError(f"{path}: cannot be rewritten ({err.strerror or err}); make the folder writable "
+                                "and export it again") from None
     return manifest
 
 

@@ -90,7 +90,7 @@ FAMILY = Family(
                      help="VQ tokenizer weights. Default: the shipped tokenizer."),
         click.Option(["--vq-config"], default=None,
                      help="Named VQ size of --vq (VQ-16, VQ-8). Not needed for vvs files."),
-        click.Option(["--text-encoder"], type=str, default=None,
+        click.Option(["--text-encoder"], type=click.Path(), default=None,
                      help="--t2i: the T5-family encoder the target was trained with (FLAN-T5-XL for LlamaGen's t2i "
                           "checkpoints), a folder or name transformers loads; exported with its tokenizer as the "
                           "text_encode graph, so prompts work with no other files."),

@@ -8,6 +8,7 @@ from vvs.errors import VVSError
 from vvs.families.llamagen.bundle import ModelBundle, shipped_info, shipped_path
 from vvs.families.llamagen.loading import load_drafter
 from vvs.families.lumina_mgpt.loading import load_lumina, load_official, load_official_vqgan, load_vqgan
+from vvs.models.hub import folder_name
 from vvs.models.loading import CheckpointError
 
 FAMILY = "lumina-mgpt"
@@ -78,6 +79,6 @@ def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
     if o["checkpoint"] is None:
         defaults, extra = shipped_info("shipped_lumina.json")["decoding_defaults"], {"source": "the shipped pair"}
     else:
-        defaults, extra = DECODING_DEFAULTS, {"source": Path(o["checkpoint"]).resolve().name}
+        defaults, extra = DECODING_DEFAULTS, {"source": folder_name(o["checkpoint"])}
     return export_folder(bundle, out, o["precision"], o["max_draft_top_k"], o["lantern_k"], defaults, extra,
                          force=force, drafter_weights=o["drafter_weights"])

@@ -18,6 +18,7 @@ import torch
 
 from vvs.families.lumina_mgpt.model import ChameleonConfig, ChameleonGen
 from vvs.families.lumina_mgpt.vqgan import ChameleonVQGAN, VQGANConfig
+from vvs.models.hub import folder_name
 from vvs.models.loading import CheckpointError, load_state, load_vvs_model, read_checkpoint, read_hf_weights
 
 UNUSED = ("model.vqmodel.",)
@@ -30,8 +31,9 @@ RESOLUTIONS = {"512": 32, "768": 48, "1024": 64}  # Lumina-mGPT's folders by nam
 
 
 def grid_of(folder: Path) -> int | None:
-    """The code grid a folder was trained for, from its name (Lumina-mGPT-7B-768 -> 48); None if it does not say."""
-    tail = folder.resolve().name.rsplit("-", 1)[-1]
+    """The code grid a folder was trained for, from its name (Lumina-mGPT-7B-768 -> 48; a snapshot in the Hugging
+    Face cache goes by its repository's); None if it does not say."""
+    tail = folder_name(folder).rsplit("-", 1)[-1]
     return RESOLUTIONS.get(tail)
 
 
