@@ -67,7 +67,22 @@ RUN_CASES = [
     (["--lantern-delta", "inf"], "option --lantern-delta inf: must be a finite number"),
     (["--top-k", "1e23"], "'1e23' is not a valid integer"),
     (["--top-k", str(10**23)], f"option --top-k {10**23}: exceeds the vocabulary of 16 codes"),
-    (["--depth", "1000"], "option --depth 1000: must be below the image's 16 tokens"),
+    (["--depth", "16"], "option --depth 16: must be below the image's 16 tokens"),
+    # sizes bounded before anything is allocated or exported (a window of 100000 once grew until the kernel killed
+    # the process; a deep tree's draft_tree graph takes minutes to export)
+    (["--depth", "1000"], "option --depth 1000: must be in [0, 16]"),
+    (["--mode", "sd", "--tree-size", "5000"], "option --tree-size 5000: must be in [2, 512]"),
+    (["--mode", "sjd", "--window", "100000"], "option --window 100000: must be at most the image's 16 tokens"),
+    # an option none of the run's modes reads is refused, not ignored
+    (["--window", "8"], "option --window: applies to modes sjd, sjd-pac or gsd only, not vvs"),
+    (["--mode", "sjd", "--pac-tree-width", "2"], "option --pac-tree-width: applies to mode sjd-pac only, not sjd"),
+    (["--mode", "ar,sjd", "--gsd-group-size", "4"], "option --gsd-group-size: applies to mode gsd only, not ar, sjd"),
+    # the lossy walk has one name, the mode's; there is no flag that makes sjd-pac lossy
+    (["--mode", "sjd", "--pac-rule", "official"], "No such option '--pac-rule'"),
+    # a too-large tree is reported against the tree option that was given, not the window nobody gave
+    (["--mode", "sjd-pac", "--pac-tree-depth", "5"],
+     "option --pac-tree-depth 5: the 121 nodes of SJD-PAC's tree (pac_tree_width=3, pac_tree_depth=5) must be "
+     "fewer than sjd-pac's published window of 64 tokens"),
     (["--num-images", "1000000000"], "--num-images"),
     (["--class", "²"], "option --class '²': not a class id or name"),
     (["--class", "1,x"], "option --class 'x': not a class id or name"),

@@ -118,6 +118,9 @@ def test_a_manifest_missing_its_familys_part_is_one_error(tiny_folder):
     ("mar", ["--max-draft-top-k", "4"], "option --max-draft-top-k: applies to --model llamagen, janus-pro or lumina-mgpt only"),
     ("llamagen", ["--prompt-tokens", "32"], "option --prompt-tokens: applies to --model janus-pro or lumina-mgpt only"),
     ("janus-pro", ["--t2i"], "option --t2i: applies to --model llamagen only"),
+    # the folder-based official formats say their size in config.json and hold one set of weights
+    ("janus-pro", ["--config", "GPT-B"], "option --config: applies to --model llamagen or mar only"),
+    ("lumina-mgpt", ["--ema"], "option --ema: applies to --model llamagen or mar only"),
     ("llamagen", ["--vae", "kl16.ckpt"], "option --vae: applies to --model mar only"),
     ("llamagen", ["--draft-config", "mar_base"], "option --draft-config: applies to --model mar only"),
     ("mar", ["--backend", "tensorrt"], "option --backend tensorrt: MAR folders build for tensorrt-rtx only"),
@@ -162,6 +165,25 @@ def test_run_help_groups_single_family_decoding_flags(capsys, monkeypatch):
     assert "--accept-rule" in mar and "--tree-size" not in mar
     shared = out.split(machinery)[0]
     assert "--cfg" in shared and "--temperature" in shared  # every family takes them
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_help_says_shared_modes_once_and_each_familys_published_defaults(capsys, monkeypatch, command):
+    """The discrete families share one mode list (once, not once per family); each family's published sampling
+    (Janus-Pro guidance 5, Lumina-mGPT top-k 2000) is shown as its own, not LlamaGen's; every scale size is listed."""
+    import importlib
+
+    main = importlib.import_module(f"vvs.cli.{command}").main
+    code, out, _ = run_cli(main, ["--help"], capsys, monkeypatch)
+    flat = " ".join(out.split())
+    assert code == 0
+    assert flat.count("sjd-pac-official walks SJD-PAC's tree") == 1, flat
+    assert "LlamaGen, Janus-Pro and Lumina-mGPT folders: ar, sd" in flat
+    assert "LlamaGen 7.5, MAR 1.0, Janus-Pro 5.0, Lumina-mGPT 3.0" in flat  # --cfg
+    assert "LlamaGen 1000, Janus-Pro 0, Lumina-mGPT 2000" in flat  # --top-k
+    if command == "bench":
+        for family in FAMILIES.values():
+            assert all(size in flat for size in family.scale_sizes), family.name
 
 
 def test_a_family_command_is_a_click_command():

@@ -280,3 +280,27 @@ def test_an_interrupted_command_exits_130_and_leaves_nothing_half_written(comman
     left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
     expected = {"vvs-bench": ["out"], "vvs-export": [], "vvs-train": ["data.npz", "out"]}[command]  # out/ empty
     assert [p for p in left if not p.startswith("out/drafter.ckpt.pt") and p != "out/drafter.log.jsonl"] == expected
+
+
+def test_a_replica_that_died_does_not_hold_the_drain_for_the_grace_period():
+    """A replica killed and restarted under a new id stops reporting; vvs-serve once waited for it through the
+    whole grace period (65 s after the last answer with --grace-s 60; 6 s now). A live replica that holds a
+    request still keeps the service up, however long it takes."""
+    pytest.importorskip("ray", reason="the serve extra is installed by the test set-up")
+    from vvs.serve.drain import GONE_S, Drain
+
+    now = [0.0]
+    state = Drain(clock=lambda: now[0])
+    state.report("killed", 1)  # held a request when it died
+    state.report("restarted", 0)
+    now[0] += 1.0
+    state.stop()
+    state.report("restarted", 0)
+    assert not state.drained()  # the dead one may still be alive: not yet
+    now[0] += GONE_S
+    state.report("restarted", 0)
+    assert state.drained()
+    state.report("busy", 2)  # a live replica with requests in flight keeps it from draining
+    assert not state.drained()
+    state.report("busy", 0)
+    assert state.drained()

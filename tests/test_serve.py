@@ -93,6 +93,13 @@ BAD = [
     (json.dumps({"conditions": [1], "mode": "fast"}).encode(), "application/json", 400, "mode"),
     (json.dumps({"conditions": [1], "seed": -3}).encode(), "application/json", 400, "seed"),
     (json.dumps({"conditions": [1], "wat": 1}).encode(), "application/json", 400, "unknown field"),
+    # sizes bounded before anything is allocated (a window of 100000 once grew until the kernel killed the replica)
+    (json.dumps({"conditions": [1], "mode": "sjd", "options": {"window": 100000}}).encode(), "application/json", 400,
+     "option window=100000: must be at most the image's"),
+    (json.dumps({"conditions": [1], "mode": "sd", "options": {"tree_size": 5000}}).encode(), "application/json", 400,
+     "option tree_size=5000: must be in [2, 512]"),
+    (json.dumps({"conditions": [1], "mode": "sd", "options": {"depth": 10**6}}).encode(), "application/json", 400,
+     "option depth=1000000: must be in [0, 16]"),
     (json.dumps({"conditions": [1] * (MAX_IMAGES + 1)}).encode(), "application/json", 413, "at most 64"),
     (b'{"conditions": [1', "application/json", 400, "malformed JSON"),
     (b"[1, 2]", "application/json", 400, "JSON object"),
@@ -113,6 +120,14 @@ def test_a_bad_request_gets_a_4xx_with_one_line(server, body, content_type, stat
     code, data = _post(server + "/v1/generate", body, content_type)
     assert code == status
     assert message in data["error"] and "\n" not in data["error"] and "Traceback" not in data["error"]
+
+
+def test_an_oversized_window_leaves_the_replica_serving(server):
+    code, data = _post(server + "/v1/generate", json.dumps({"conditions": [1, 2], "mode": "gsd",
+                                                            "options": {"window": 10**5}}).encode())
+    assert code == 400 and "window" in data["error"], data
+    code, data = _post(server + "/v1/generate", json.dumps({"conditions": [2], "mode": "gsd"}).encode())
+    assert code == 200 and len(data["tokens"]) == 1
 
 
 def test_unknown_routes_and_methods_and_the_server_keeps_serving(server):

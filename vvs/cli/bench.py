@@ -11,7 +11,7 @@ from vvs.cli.common import (FamilyCommand, class_option, decoding_headings, engi
                             resolve_modes, run_command, split_values, with_decoding_options)
 from vvs.errors import VVSError
 from vvs.families.registry import FAMILIES
-from vvs.runtime.options import OptionsError
+from vvs.runtime.options import OptionsError, check_flags_apply
 
 
 @click.command(cls=FamilyCommand, family_options=decoding_headings(),
@@ -42,7 +42,8 @@ from vvs.runtime.options import OptionsError
 @click.option("--threads", type=click.IntRange(1, 1024), default=None, help="CPU threads for the backend.")
 @click.option("--tune", is_flag=True, help="Tune tree and skip interval for this machine and save them as defaults.")
 @click.option("--scale", default=None, metavar="SIZE[:LAYERS]",
-              help="Measure at an official size's compute cost (GPT-B ... GPT-XL, Janus-Pro-1B, Janus-Pro-7B): the "
+              help="Measure at an official size's compute cost (" + "; ".join(
+                  f"{f.label}: {', '.join(f.scale_sizes)}" for f in FAMILIES.values() if f.scale_sizes) + "): the "
                    "folder's target and drafter are inflated to SIZE, computing the same tokens, and exported once "
                    "to <engine>-scale/SIZE; acceptance stays the folder's pair's (its codes are the only ones "
                    "sampled from the official head). A size that does not fit in memory, or :LAYERS, runs at its "
@@ -81,9 +82,10 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
     if instruments is not None and num_images < 2:
         raise VVSError("option --num-images: the quality statistics (FID) need at least 2 images per seed set")
     swept = parse_sweep(sweep)
-    settings = make_settings(resolve_modes(modes, list(family.bench_modes), family.mode_names), swept,
-                             family.mode_names)
+    modes = resolve_modes(modes, list(family.bench_modes), family.mode_names)
+    settings = make_settings(modes, swept, family.mode_names)
     overrides = family_overrides(decoding, family)
+    check_flags_apply(overrides, modes, family.mode_names)
     engines = load_engines(engine_dir, backend, device, threads)
     pipe = make_pipeline(engines, manifest, batch_size)
     pipe.options = pipe.options_for(**overrides)

@@ -115,7 +115,7 @@ def decoding_flags() -> dict[str, dict]:
 def with_decoding_options(fn):
     """The decoding flags, each defaulting to the engine folder's value."""
     for flag, entry in reversed(decoding_flags().items()):
-        published = ", ".join(f"{FAMILIES[n].label} {getattr(FAMILIES[n].options(), entry['field'])}"
+        published = ", ".join(f"{FAMILIES[n].label} {getattr(FAMILIES[n].published(), entry['field'])}"
                               for n in entry["families"])
         kind = {"is_flag": True} if entry["type"] is bool else {"type": entry["type"]}
         fn = click.option(flag, entry["field"], default=None, **kind,
@@ -146,6 +146,8 @@ def flag_message(err: OptionsError) -> str:
     flag = next((f for f, entry in decoding_flags().items() if entry["field"] == err.option), None)
     if flag is None:
         return str(err)
+    if err.value is None:  # the option's presence is the problem, not its value
+        return f"option {flag}: {err.why}"
     value = err.value if isinstance(err.value, (int, float)) else repr(err.value)
     return f"option {flag} {value}: {err.why}"
 
@@ -156,7 +158,11 @@ MAX_IMAGES = 100_000  # per mode; more is almost certainly a typo
 
 
 def mode_option(default: str):
-    modes = "; ".join(f"{f.label} folders: {', '.join(f.mode_names)} ({f.mode_help})" for f in FAMILIES.values())
+    groups: dict[tuple, list[str]] = {}  # families on one machinery share their modes: say them once
+    for f in FAMILIES.values():
+        groups.setdefault((tuple(f.mode_names), f.mode_help), []).append(f.label)
+    modes = "; ".join(f"{listing(labels, 'and')} folders: {', '.join(names)} ({help})"
+                      for (names, help), labels in groups.items())
     return click.option("--mode", "modes", multiple=True,
                         help=f"{modes}. Repeat or comma-separate to compare on the same conditions and seeds. "
                              f"Default: {default}.")

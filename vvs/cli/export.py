@@ -14,16 +14,12 @@ from vvs.families.registry import DEFAULT, FAMILIES, family
 COMMON = [
     click.Option(["--model"], type=click.Choice(list(FAMILIES)), default=DEFAULT, show_default=True,
                  help="Model family: " + "; ".join(f"{f.name} ({f.summary})" for f in FAMILIES.values()) + "."),
-    click.Option(["--config"], default=None,
-                 help="Named size of --checkpoint: GPT-B, GPT-L, GPT-XL, ... (llamagen) or mar_base, mar_large, "
-                      "mar_huge (mar). Not needed for vvs files."),
     click.Option(["--checkpoint"], type=click.Path(), default=None,
                  help="Target weights: an official checkpoint file or a vvs .safetensors (llamagen, mar); the "
                       "official Hugging Face folder (janus-pro, lumina-mgpt). Default: the shipped model."),
     click.Option(["--drafter"], type=click.Path(), default=None,
                  help="Drafter: a LANTERN/EAGLE folder or a vvs .safetensors (llamagen, janus-pro, lumina-mgpt); "
                       "the draft MAR's weights (mar). Default: the shipped one."),
-    click.Option(["--ema"], is_flag=True, help="Load the EMA weights of official checkpoints ('ema' / 'model_ema')."),
     click.Option(["--out"], type=click.Path(file_okay=False), default="engines", show_default=True,
                  help="Engine folder to write; an existing engine folder is replaced only with --force, and only "
                       "once the new one is complete."),

@@ -8,6 +8,7 @@ import click
 from vvs.cli.common import (FamilyCommand, class_option, decoding_headings, engine_options, family_overrides,
                             make_pipeline, mode_option, num_images_option, prompt_options, resolve_conditions,
                             resolve_modes, resolve_seeds, run_command, split_values, with_decoding_options)
+from vvs.runtime.options import check_flags_apply
 
 
 @click.command(cls=FamilyCommand, family_options=decoding_headings(),
@@ -50,7 +51,8 @@ def run_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, 
     seeds = resolve_seeds(seed, len(labels))
     engines = load_engines(engine_dir, backend, device, threads)
     pipe = make_pipeline(engines, manifest, batch_size)
-    modes = modes or [pipe.options.mode]
+    modes = modes or [pipe.options.name]
+    check_flags_apply(overrides, modes, family.mode_names)
     for mode in modes:  # every mode's options are checked before the first image
         pipe.options_for(mode, **overrides)
     writer = RunWriter(Path(out), stats_json, save_tokens, overwrite)  # checks every output path before any work

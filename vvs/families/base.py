@@ -62,6 +62,13 @@ class Family:
     train_commands: tuple[str, ...] = ()  # its ``vvs-train`` subcommands ("module:command")
     # what a user who asks for something the family lacks should do instead, by ability ("tune", "scale", ...)
     instead: dict[str, str] = field(default_factory=dict)
+    # the official release's sampling where it differs from the options class's defaults: the decoding defaults of
+    # a folder exported from an official checkpoint, and the published values the commands' help shows
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+    def published(self):
+        """The decoding options the family's official release samples with."""
+        return self.options().updated(**self.sampling)
 
     @property
     def mode_names(self) -> dict[str, dict]:

@@ -23,6 +23,11 @@ MAX_CFG_SCALE = 1000.0
 CFG_RANGE = (f"must be in [0, {MAX_CFG_SCALE:g}] (1 or less disables classifier-free guidance; larger scales drive the "
              "mixed logits out of floating-point range)")
 SKIP_POLICIES = ("uniform", "dynamic")
+# Size caps that hold for any folder. A draft_tree graph unrolls one expansion per level and is exported on first
+# use, so a deep tree costs minutes of export before it decodes anything; the published trees are 59-60 nodes of
+# depth 4-6. A window or tree is also bounded by the image it paints (check_model).
+MAX_TREE_DEPTH = 16
+MAX_TREE_SIZE = 512
 # the names vvs-run and vvs-bench accept: a mode, or VVS with a chosen skip schedule
 MODE_NAMES = {
     "ar": {"mode": "ar"},
@@ -35,6 +40,18 @@ MODE_NAMES = {
     "sjd-pac": {"mode": "sjd-pac"},
     "sjd-pac-official": {"mode": "sjd-pac", "pac_rule": "official"},
     "gsd": {"mode": "gsd"},
+}
+
+
+# the modes that read each mode-specific option: a flag given for none of a run's modes is refused, not ignored
+FIELD_MODES = {
+    **dict.fromkeys(("tree_size", "depth", "draft_top_k"), ("sd", "lantern", "vvs")),
+    **dict.fromkeys(("lantern_k", "lantern_delta"), ("lantern", "vvs")),
+    **dict.fromkeys(("vvs_relaxed", "skip_policy", "skip_interval", "sim_threshold", "sim_decay",
+                     "skip_warmup_tokens"), ("vvs",)),
+    "window": tuple(WINDOW_MODES),
+    **dict.fromkeys(("pac_tree_width", "pac_tree_depth"), ("sjd-pac",)),
+    **dict.fromkeys(("gsd_group_size", "gsd_prob_gap", "gsd_distance"), ("gsd",)),
 }
 
 
@@ -113,6 +130,18 @@ class OptionsBase:
         return asdict(self)
 
 
+def check_flags_apply(fields_given, modes: list[str], named: dict[str, dict]) -> None:
+    """Refuse a mode-specific option that none of ``modes`` (names users type) reads, instead of ignoring it."""
+    runs = {named[m]["mode"] for m in modes if m in named}
+    for field in fields_given:
+        readers = FIELD_MODES.get(field)
+        if readers is not None and runs and not runs & set(readers):
+            modes_of = (f"mode {readers[0]}" if len(readers) == 1 else
+                        f"modes {', '.join(readers[:-1])} or {readers[-1]}")
+            why = f"applies to {modes_of} only, not {', '.join(sorted(runs))}"
+            raise OptionsError(f"option {field} {why}", field, None, why)
+
+
 @dataclass(frozen=True)
 class DecodeOptions(OptionsBase):
     NAMED_MODES: ClassVar[dict[str, dict]] = MODE_NAMES
@@ -162,10 +191,12 @@ class DecodeOptions(OptionsBase):
             bad("top_p", "must be in (0, 1]")
         if not 0 <= self.cfg_scale <= MAX_CFG_SCALE:
             bad("cfg_scale", CFG_RANGE)
-        if self.tree_size < 2:
-            bad("tree_size", "must be >= 2 (the root plus at least one drafted token)")
-        if self.depth < 0:
-            bad("depth", "must be >= 0")
+        if not 2 <= self.tree_size <= MAX_TREE_SIZE:
+            bad("tree_size", f"must be in [2, {MAX_TREE_SIZE}] (the root plus at least one drafted token; the "
+                             "published trees verify 59-60)")
+        if not 0 <= self.depth <= MAX_TREE_DEPTH:
+            bad("depth", f"must be in [0, {MAX_TREE_DEPTH}] (each level is unrolled in the draft_tree graph; the "
+                         "published trees use 4-6)")
         if self.draft_top_k < 1:
             bad("draft_top_k", "must be >= 1")
         if self.tree_size - 1 > self.draft_top_k * (1 + self.depth * self.draft_top_k):
@@ -192,8 +223,15 @@ class DecodeOptions(OptionsBase):
         if self.pac_tree_depth < 1:
             bad("pac_tree_depth", "must be >= 1 (the root counts; 1 drafts no tree)")
         if self.mode == "sjd-pac" and self.pac_tree_width > 1 and self.pac_tree_nodes >= self.window_length:
-            bad("window", f"must exceed the {self.pac_tree_nodes} nodes of SJD-PAC's tree (pac_tree_width="
-                          f"{self.pac_tree_width}, pac_tree_depth={self.pac_tree_depth}); raise it or shrink the tree")
+            tree = (f"{self.pac_tree_nodes} nodes of SJD-PAC's tree (pac_tree_width={self.pac_tree_width}, "
+                    f"pac_tree_depth={self.pac_tree_depth})")
+            if self.window:
+                bad("window", f"must exceed the {tree}; raise it or shrink the tree")
+            # the window was not chosen, so the tree is what is too large: name the tree option that was changed
+            grown = [f for f in ("pac_tree_depth", "pac_tree_width") if getattr(self, f) != getattr(type(self), f)]
+            bad((grown or ["pac_tree_depth"])[0],
+                f"the {tree} must be fewer than sjd-pac's published window of {self.window_length} tokens; shrink "
+                f"the tree or give a window above {self.pac_tree_nodes}")
         if self.gsd_group_size < 1:
             bad("gsd_group_size", "must be >= 1 (1: the draft alone, as SJD)")
         if not 0 <= self.gsd_prob_gap <= 1:
@@ -208,6 +246,8 @@ class DecodeOptions(OptionsBase):
 
         if self.top_k > vocab_size:
             bad("top_k", f"exceeds the vocabulary of {vocab_size} codes (0 keeps them all)")
+        if self.jacobi and self.window > image_tokens:  # (a published length beyond a small image is cut to it)
+            bad("window", f"must be at most the image's {image_tokens} tokens (a window drafts tokens of the image)")
         if not self.uses_drafter:
             return
         if self.draft_top_k > max_draft_top_k:
@@ -217,6 +257,14 @@ class DecodeOptions(OptionsBase):
             bad("depth", f"must be below the image's {image_tokens} tokens (a deeper tree drafts past the image)")
         if self.relaxed and self.lantern_k >= vocab_size:
             bad("lantern_k", f"must be below the vocabulary size {vocab_size}")
+
+    @property
+    def name(self) -> str:
+        """The mode name users type for these options: the lossy SJD-PAC walk never wears the exact mode's name."""
+        return "sjd-pac-official" if self.mode == "sjd-pac" and self.pac_rule == "official" else self.mode
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "mode": self.name}
 
     @property
     def guided(self) -> bool:
@@ -233,7 +281,7 @@ class DecodeOptions(OptionsBase):
     @property
     def exact(self) -> bool:
         """Whether the images follow the target's own distribution (the released SJD-PAC rule does not)."""
-        return self.mode in EXACT_MODES and not (self.mode == "sjd-pac" and self.pac_rule != "exact")
+        return self.name in EXACT_MODES
 
     @property
     def jacobi(self) -> bool:

@@ -15,18 +15,26 @@ import ray
 
 NAME, NAMESPACE = "vvs-drain", "vvs"
 POLL_S = 0.2  # how soon after the signal a replica starts refusing
+# A replica silent this long is gone (killed, restarted under a new id, scaled down): its requests died with it.
+# Waiting for it held every stop for the whole grace period. Polls come every POLL_S from the replica's event loop,
+# which the decoding threads never block for long.
+GONE_S = 5.0
 
 
-@ray.remote(num_cpus=0)
-class DrainState:
-    def __init__(self):
+class Drain:
+    """The drain flag and what the replicas report; ``clock`` is injectable for tests."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
         self.stopping = False
         self.held: dict[str, int] = {}  # requests each replica reported holding
+        self.last_report: dict[str, float] = {}
         self.reported_since_stop: set[str] = set()
 
     def report(self, replica: str, held: int) -> bool:
         """A replica's poll: how many requests it holds; answers whether the service is stopping."""
         self.held[replica] = held
+        self.last_report[replica] = self.clock()
         if self.stopping:
             self.reported_since_stop.add(replica)
         return self.stopping
@@ -36,8 +44,13 @@ class DrainState:
         self.reported_since_stop.clear()
 
     def drained(self) -> bool:
-        """Every replica has seen the flag (so takes nothing new) and holds no request."""
-        return set(self.held) <= self.reported_since_stop and not any(self.held.values())
+        """Every live replica has seen the flag (so takes nothing new) and holds no request."""
+        now = self.clock()
+        live = {r for r, seen in self.last_report.items() if now - seen < GONE_S}
+        return live <= self.reported_since_stop and not any(self.held[r] for r in live)
+
+
+DrainState = ray.remote(num_cpus=0)(Drain)
 
 
 def create() -> ray.actor.ActorHandle:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vvs.errors import VVSError
+from vvs.families.janus_pro.family import SAMPLING
 from vvs.families.janus_pro.loading import load_janus, load_official
 from vvs.families.llamagen.bundle import ModelBundle, shipped_info, shipped_path
 from vvs.families.llamagen.loading import load_drafter
@@ -12,8 +13,6 @@ from vvs.models.hub import folder_name
 from vvs.models.loading import load_vq
 
 FAMILY = "janus-pro"
-# the official script's sampling: guidance 5, temperature 1, no top-k or top-p (generation_inference.py)
-DECODING_DEFAULTS = {"cfg_scale": 5.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
 PROMPT_TOKENS = 64  # an official folder's prompt slots unless --prompt-tokens says otherwise
 
 
@@ -46,6 +45,6 @@ def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
     if o["checkpoint"] is None:
         defaults, extra = shipped_info("shipped_janus.json")["decoding_defaults"], {"source": "the shipped pair"}
     else:
-        defaults, extra = DECODING_DEFAULTS, {"source": folder_name(o["checkpoint"])}
+        defaults, extra = SAMPLING, {"source": folder_name(o["checkpoint"])}
     return export_folder(bundle, out, o["precision"], o["max_draft_top_k"], o["lantern_k"], defaults, extra,
                          force=force, drafter_weights=o["drafter_weights"])

@@ -10,6 +10,9 @@ SCALE_SIZES = ("Janus-Pro-1B", "Janus-Pro-7B")  # vvs-bench --scale
 M = "vvs.families.janus_pro"
 L = "vvs.families.llamagen"
 
+# the official script's sampling: guidance 5, temperature 1, no top-k or top-p (generation_inference.py)
+SAMPLING = {"cfg_scale": 5.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+
 FAMILY = Family(
     name="janus-pro",
     label="Janus-Pro",
@@ -40,5 +43,6 @@ FAMILY = Family(
     describe_scale=f"{L}.scale:describe",
     serve=True,
     train_commands=(f"{M}.commands:train_janus_cmd", f"{M}.commands:train_janus_drafter_cmd"),
+    sampling=SAMPLING,
     instead={"tune": "tunes draft trees of LlamaGen folders; for Janus-Pro folders compare tree shapes with --sweep"},
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from vvs.families.base import DecodingFlag, Family
-from vvs.runtime.options import PAC_RULES, SKIP_POLICIES, DecodeOptions
+from vvs.runtime.options import SKIP_POLICIES, DecodeOptions
 
 SCALE_SIZES = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XXL", "GPT-XXXL", "GPT-1B", "GPT-3B", "GPT-7B")
 M = "vvs.families.llamagen"
@@ -17,6 +17,13 @@ MODE_HELP = ("ar, sd, sjd and sjd-pac sample the target's distribution exactly; 
              "near-equivalent codes; vvs-uniform and vvs-dynamic name VVS's skip schedule; sjd, sjd-pac and gsd "
              "need no drafter (speculative Jacobi decoding over a window of --window tokens); sjd-pac-official "
              "walks SJD-PAC's tree as its released code does, which changes the distribution")
+# The official .pt checkpoints of LlamaGen and MAR carry no config and keep EMA weights beside the model's: one
+# option object each, shared with MAR's entry, so the commands show them once. The folder-based official formats
+# (Janus-Pro, Lumina-mGPT) say their size in config.json and hold one set of weights.
+NAMED_SIZE = click.Option(["--config"], default=None,
+                          help="Named size of --checkpoint: GPT-B, GPT-L, GPT-XL, ... (llamagen) or mar_base, "
+                               "mar_large, mar_huge (mar). Not needed for vvs files.")
+EMA = click.Option(["--ema"], is_flag=True, help="Load the EMA weights of official checkpoints ('ema' / 'model_ema').")
 EXPORT_OPTIONS = (
     click.Option(["--precision"], type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
                  help="fp16: half-precision graphs, the VQ decoder included (RMSNorm, RoPE and the logits stay "
@@ -61,8 +68,6 @@ DECODING_FLAGS = (
                  "sjd, sjd-pac, gsd: tokens per window forward, root included (0: the paper's, 16 or 64)."),
     DecodingFlag("--pac-tree-width", "pac_tree_width", int, "sjd-pac: candidates per position of its tree."),
     DecodingFlag("--pac-tree-depth", "pac_tree_depth", int, "sjd-pac: that tree's depth, root included (1: none)."),
-    DecodingFlag("--pac-rule", "pac_rule", click.Choice(PAC_RULES),
-                 "sjd-pac: exact, or official (the released code's tree walk: lossy)."),
     DecodingFlag("--gsd-group-size", "gsd_group_size", int, "gsd: codes ranked around a draft that may group."),
     DecodingFlag("--gsd-prob-gap", "gsd_prob_gap", float, "gsd: largest probability gap within a group."),
     DecodingFlag("--gsd-distance", "gsd_distance", float, "gsd: largest squared latent distance in a group."),
@@ -82,6 +87,8 @@ FAMILY = Family(
     condition_kind=lambda manifest: "text" if manifest["model"]["target"]["model_type"] == "t2i" else "class",
     num_classes=lambda manifest: manifest["model"]["target"]["num_classes"],
     export_options=(
+        NAMED_SIZE,
+        EMA,
         *EXPORT_OPTIONS,
         click.Option(["--t2i"], is_flag=True, help="The checkpoint is text-conditional (120 caption slots)."),
         click.Option(["--grid-size"], type=click.IntRange(1), default=None,

@@ -7,13 +7,12 @@ from pathlib import Path
 from vvs.errors import VVSError
 from vvs.families.llamagen.bundle import ModelBundle, shipped_info, shipped_path
 from vvs.families.llamagen.loading import load_drafter
+from vvs.families.lumina_mgpt.family import SAMPLING
 from vvs.families.lumina_mgpt.loading import load_lumina, load_official, load_official_vqgan, load_vqgan
 from vvs.models.hub import folder_name
 from vvs.models.loading import CheckpointError
 
 FAMILY = "lumina-mgpt"
-# the official solver's image sampling: guidance 3, image top-k 2000, temperature 1 (create_logits_processor)
-DECODING_DEFAULTS = {"cfg_scale": 3.0, "temperature": 1.0, "top_k": 2000, "top_p": 1.0}
 TOKENIZER_FILES = ("tokenizer.json", "text_tokenizer.json")  # the checkpoint's own, or Chameleon's
 # an official folder's prompt slots unless --prompt-tokens says otherwise: the instruction template takes about 20 of
 # them, and Lumina-mGPT's users write sentences
@@ -79,6 +78,6 @@ def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
     if o["checkpoint"] is None:
         defaults, extra = shipped_info("shipped_lumina.json")["decoding_defaults"], {"source": "the shipped pair"}
     else:
-        defaults, extra = DECODING_DEFAULTS, {"source": folder_name(o["checkpoint"])}
+        defaults, extra = SAMPLING, {"source": folder_name(o["checkpoint"])}
     return export_folder(bundle, out, o["precision"], o["max_draft_top_k"], o["lantern_k"], defaults, extra,
                          force=force, drafter_weights=o["drafter_weights"])

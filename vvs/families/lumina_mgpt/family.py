@@ -12,6 +12,9 @@ SCALE_SIZES = ("Lumina-mGPT-7B",)  # vvs-bench --scale: the decoder of every res
 M = "vvs.families.lumina_mgpt"
 L = "vvs.families.llamagen"
 
+# the official solver's image sampling: guidance 3, image top-k 2000, temperature 1 (create_logits_processor)
+SAMPLING = {"cfg_scale": 3.0, "temperature": 1.0, "top_k": 2000, "top_p": 1.0}
+
 FAMILY = Family(
     name="lumina-mgpt",
     label="Lumina-mGPT",
@@ -48,5 +51,6 @@ FAMILY = Family(
     describe_scale=f"{L}.scale:describe",
     serve=True,
     train_commands=(f"{M}.commands:train_lumina_cmd", f"{M}.commands:train_lumina_drafter_cmd"),
+    sampling=SAMPLING,
     instead={"tune": "tunes draft trees of LlamaGen folders; for Lumina-mGPT folders compare tree shapes with --sweep"},
 )

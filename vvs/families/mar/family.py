@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from vvs.families.base import DecodingFlag, Family
+from vvs.families.llamagen.family import EMA, NAMED_SIZE
 from vvs.families.mar.options import ACCEPT_RULES, MAROptions
 
 M = "vvs.families.mar"
@@ -23,6 +24,8 @@ FAMILY = Family(
     condition_kind=lambda manifest: "class",
     num_classes=lambda manifest: manifest["model"]["target"]["class_num"],
     export_options=(
+        NAMED_SIZE,
+        EMA,
         click.Option(["--draft-config"], default=None, help="Named size of an official --drafter (e.g. mar_base)."),
         click.Option(["--vae"], type=click.Path(dir_okay=False), default=None,
                      help="MAR's KL-16 VAE (official kl16.ckpt) for official checkpoints."),
