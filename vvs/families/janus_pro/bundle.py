@@ -7,7 +7,7 @@ from pathlib import Path
 from vvs.errors import VVSError
 from vvs.families.janus_pro.family import SAMPLING
 from vvs.families.janus_pro.loading import load_janus, load_official
-from vvs.families.llamagen.bundle import ModelBundle, shipped_info, shipped_path
+from vvs.families.llamagen.bundle import ModelBundle, shipped_info, shipped_path, with_prompt_slots
 from vvs.families.llamagen.loading import load_drafter
 from vvs.models.hub import folder_name
 from vvs.models.loading import load_vq
@@ -20,11 +20,11 @@ def load_bundle(checkpoint: str | None = None, drafter: str | None = None, promp
                 no_drafter: bool = False, grid_size: int = 24) -> ModelBundle:
     """An official folder's generation path with the vvs drafter ``drafter`` (None: a drafter-free bundle), or,
     without ``checkpoint``, the shipped pair (its own drafter unless ``drafter`` or ``no_drafter`` say otherwise;
-    its prompt slots and grid are its own)."""
+    its grid is its own, its prompt slots ``prompt_tokens`` or its own)."""
     if no_drafter and drafter:
         raise VVSError("options --drafter and --no-drafter: give one of them")
     if checkpoint is None:
-        target = load_janus(shipped_path("janus_target"))
+        target = with_prompt_slots(load_janus(shipped_path("janus_target")), prompt_tokens)
         vq, tokenizer = load_vq(shipped_path("vq")), shipped_path("janus_tokenizer")
         if not (drafter or no_drafter):
             drafter = str(shipped_path("janus_drafter"))

@@ -1,7 +1,7 @@
 """The set of models one deployment needs: target, drafter, VQ decoder. Defaults to the shipped model."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vvs.errors import VVSError
@@ -18,6 +18,17 @@ SHIPPED = {"target": "target.safetensors", "drafter": "drafter.safetensors", "vq
            "janus_drafter": "janus_drafter.safetensors", "janus_tokenizer": "janus_tokenizer.json",
            "lumina_target": "lumina_target.safetensors", "lumina_drafter": "lumina_drafter.safetensors",
            "lumina_vqgan": "lumina_vqgan.safetensors", "lumina_tokenizer": "lumina_tokenizer.json"}
+
+
+def with_prompt_slots(target, slots: int | None):
+    """A prompt-conditioned target with ``slots`` prompt slots. No weight depends on their count: positions are
+    rotary (relative), and a prompt is left-padded with the padding masked, so a shipped pair trained with 48 slots
+    takes longer prompts and computes the same function on the ones it took before."""
+    if slots is None or slots == target.config.cls_token_num:
+        return target
+    resized = type(target)(replace(target.config, cls_token_num=slots))
+    resized.load_state_dict(target.state_dict())
+    return resized.eval()
 
 
 @dataclass

@@ -48,8 +48,8 @@ EXPORT_OPTIONS = (
 PROMPT_TOKENS = click.Option(
     ["--prompt-tokens"], type=click.IntRange(4, 4096), default=None,
     help="The longest prompt the folder takes, in tokens with the model's template (shorter ones are left-padded): "
-         "the target's prompt slots. For --checkpoint folders (default: 64 for Janus-Pro; 128 for Lumina-mGPT, whose "
-         "instruction template alone takes about 20); a shipped pair has its own.")
+         "the target's prompt slots (default: 64 for a Janus-Pro checkpoint, 128 for a Lumina-mGPT one, whose "
+         "instruction template alone takes about 20; 48 for a shipped pair).")
 DECODING_FLAGS = (
     DecodingFlag("--temperature", "temperature", float, "Sampling temperature; 0 means greedy."),
     DecodingFlag("--top-k", "top_k", int, "Keep the k most likely tokens (0: all)."),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vvs.errors import VVSError
-from vvs.families.llamagen.bundle import ModelBundle, shipped_info, shipped_path
+from vvs.families.llamagen.bundle import ModelBundle, shipped_info, shipped_path, with_prompt_slots
 from vvs.families.llamagen.loading import load_drafter
 from vvs.families.lumina_mgpt.family import SAMPLING
 from vvs.families.lumina_mgpt.loading import load_lumina, load_official, load_official_vqgan, load_vqgan
@@ -34,15 +34,16 @@ def load_bundle(checkpoint: str | None = None, tokenizer_dir: str | None = None,
                 resolution: int | None = None) -> ModelBundle:
     """An official folder with Chameleon's tokenizer folder and the vvs drafter ``drafter`` (None: drafter-free).
     ``resolution``: pixels per side (512, 768, 1024); None takes it from the folder's name. Without ``checkpoint``,
-    the shipped pair (its own drafter unless ``drafter`` or ``no_drafter`` say otherwise; its prompt slots and
-    resolution are its own)."""
+    the shipped pair (its own drafter unless ``drafter`` or ``no_drafter`` say otherwise; its resolution is its
+    own, its prompt slots ``prompt_tokens`` or its own)."""
     if no_drafter and drafter:
         raise VVSError("options --drafter and --no-drafter: give one of them")
     if checkpoint is None:
         if tokenizer_dir is not None or resolution is not None:
             raise VVSError("options --tokenizer-dir and --resolution go with --checkpoint (an official Lumina-mGPT "
                            "folder); the shipped pair has its own")
-        target, vq = load_lumina(shipped_path("lumina_target")), load_vqgan(shipped_path("lumina_vqgan"))
+        target = with_prompt_slots(load_lumina(shipped_path("lumina_target")), prompt_tokens)
+        vq = load_vqgan(shipped_path("lumina_vqgan"))
         drafter = drafter or (None if no_drafter else str(shipped_path("lumina_drafter")))
         tokenizer = shipped_path("lumina_tokenizer")
     else:
