@@ -11,7 +11,8 @@ from vvs.families.llamagen.engines import torch_engines
 from vvs.families.llamagen.graphs import DrafterStep, Proposer
 from vvs.runtime.cache import KVCache, RowLayout
 from vvs.runtime.captured import CapturedCycle
-from vvs.runtime.decode import Decoding, Speculation
+from vvs.runtime.decode import Decoding
+from vvs.runtime.speculation import Speculation
 from vvs.runtime.loops import start
 from vvs.runtime.options import DecodeOptions, TreeShape
 from vvs.runtime.pipeline import Pipeline
@@ -177,13 +178,13 @@ class RecordedCycle(CapturedCycle):
 def test_the_captured_cycle_logic_equals_the_eager_loop(bundle_factory, monkeypatch, options):
     """Tokens and forward counts of captured cycles equal the eager loop's for a batch where some images skip
     while others verify; the captured verify forwards hold only the verifying images."""
-    import vvs.runtime.decode as decode
+    import vvs.runtime.speculation as speculation
 
     eager = Pipeline(torch_engines(bundle_factory()), DecodeOptions(**SMALL))
     engines = torch_engines(bundle_factory())
     engines.capture_cycles = True
     captured = Pipeline(engines, DecodeOptions(**SMALL))
-    monkeypatch.setattr(decode, "CapturedCycle", RecordedCycle)
+    monkeypatch.setattr(speculation, "CapturedCycle", RecordedCycle)
     rows = []
     graph = engines.graphs["target_verify"]
     run = graph.run

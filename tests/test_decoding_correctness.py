@@ -6,7 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vvs.runtime.decode import Decoding, Speculation
+from vvs.runtime.decode import Decoding
+from vvs.runtime.speculation import Speculation
 from vvs.runtime.loops import run
 from vvs.runtime.skip import path_similarity, select_unverified
 from vvs.runtime.tree import DraftTree, ancestor_matrix, select_tree

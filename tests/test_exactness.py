@@ -7,7 +7,7 @@ LANTERN and VVS (lossy by design) and for three acceptance bugs injected into th
 import pytest
 import torch
 
-import vvs.runtime.decode as decode
+import vvs.runtime.speculation as speculation
 from tests.exactness import conditionals, pit_pvalues
 from vvs.runtime.accept import sample_accept
 from vvs.runtime.random import inverse_cdf
@@ -87,7 +87,7 @@ def tempered(tree, probs, relax, max_children, u):
 @pytest.mark.parametrize("bug,setting", [(residual_kept, "plain"), (reused_uniform, "plain"), (tempered, "plain"),
                                          (tempered, "top-k")], ids=lambda v: getattr(v, "__name__", v))
 def test_it_catches_injected_acceptance_bugs(pipe, monkeypatch, bug, setting):
-    monkeypatch.setattr(decode, "sample_accept", bug)
+    monkeypatch.setattr(speculation, "sample_accept", bug)
     _, (joint, _) = fit(pipe, "sd", SETTINGS[setting])
     assert joint < FAIL
 
@@ -131,7 +131,7 @@ def test_exact_modes_draw_from_a_janus_target(janus_pipe, mode):
 
 def test_an_injected_bug_fails_it_on_a_janus_target(janus_pipe, monkeypatch):
     """The instrument keeps its power on this target (the lossy modes' failures are shown above)."""
-    monkeypatch.setattr(decode, "sample_accept", tempered)
+    monkeypatch.setattr(speculation, "sample_accept", tempered)
     _, (joint, _) = janus_fit(janus_pipe, "sd", SETTINGS["guidance"])
     assert joint < FAIL
 
@@ -176,6 +176,6 @@ def test_exact_modes_draw_from_a_lumina_target(lumina_pipe, mode, options):
 def test_an_injected_bug_fails_it_on_a_lumina_target(lumina_pipe, monkeypatch):
     """The tempered acceptance, unguided: p = 1e-19 here (under guidance 3 it accepts fewer drafts on this target,
     and p = 2e-6 at these 1,500 images)."""
-    monkeypatch.setattr(decode, "sample_accept", tempered)
+    monkeypatch.setattr(speculation, "sample_accept", tempered)
     _, (joint, _) = lumina_fit(lumina_pipe, "sd", SETTINGS["plain"])
     assert joint < FAIL

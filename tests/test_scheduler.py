@@ -7,7 +7,9 @@ from concurrent.futures import CancelledError, ThreadPoolExecutor
 import pytest
 import torch
 
-from vvs.runtime.decode import AutoRegression, Decoding, Speculation
+from vvs.runtime.autoregression import AutoRegression
+from vvs.runtime.decode import Decoding
+from vvs.runtime.speculation import Speculation
 from vvs.runtime.loops import run, start
 from vvs.runtime.scheduler import Busy, RequestTimeout
 

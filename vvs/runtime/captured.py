@@ -3,7 +3,7 @@
 A cycle's work is fixed by its plan key (whether any image verifies or skips, the pending chain's width) and by how
 many images verify, so a batch has a handful of distinct cycles. The first cycle of each key runs eagerly (lazy
 initialisation happens outside any capture), the second is captured and every later one is replayed. Replays read
-and write the loop's state at the addresses captured, which is why :class:`~vvs.runtime.decode.Speculation` updates
+and write the loop's state at the addresses captured, which is why :class:`~vvs.runtime.speculation.Speculation` updates
 its state in place; the cycle's uniforms and the indices of the images that verify are staged into fixed buffers
 first (per-image generators stay outside the graph). So, as in the eager loop, an image that skips costs no target
 compute here either.

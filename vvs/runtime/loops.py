@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from vvs.runtime.decode import AutoRegression, Decoding, Speculation
+from vvs.runtime.autoregression import AutoRegression
+from vvs.runtime.decode import Decoding
 from vvs.runtime.jacobi import Jacobi
+from vvs.runtime.speculation import Speculation
 from vvs.runtime.stats import ImageStats
 
 Loop = AutoRegression | Speculation | Jacobi
