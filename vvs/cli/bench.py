@@ -7,10 +7,10 @@ from pathlib import Path
 import click
 
 from vvs.cli.common import (FamilyCommand, class_option, decoding_headings, engine_options, family_overrides,
-                            make_pipeline, mode_option, num_images_option, prompt_options, resolve_conditions,
+                            mode_option, num_images_option, prompt_options, resolve_conditions,
                             resolve_modes, run_command, split_values, with_decoding_options)
 from vvs.errors import VVSError
-from vvs.families.registry import FAMILIES
+from vvs.families.registry import FAMILIES, pipeline_of
 from vvs.runtime.options import OptionsError, check_flags_apply
 
 
@@ -87,7 +87,7 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
     overrides = family_overrides(decoding, family)
     check_flags_apply(overrides, modes, family.mode_names)
     engines = load_engines(engine_dir, backend, device, threads)
-    pipe = make_pipeline(engines, manifest, batch_size)
+    pipe = pipeline_of(engines, manifest, max_batch=batch_size)
     pipe.options = pipe.options_for(**overrides)
     for s in settings:  # every setting before any long work (tuning, the runs), named as the user gave it
         try:

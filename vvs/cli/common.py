@@ -237,10 +237,10 @@ def resolve_conditions(engine_dir, manifest: dict, classes, prompts, prompts_fil
     from vvs.families.registry import family_of
 
     family = family_of(manifest)
-    if family.condition_kind(manifest) == "text":
+    if family.text_conditional(manifest):
         if classes:
             raise VVSError("option --class: this folder's model is text-conditional; give --prompt or --prompts")
-        if "text" not in manifest and "prompts" not in manifest:  # neither a text encoder nor the target's tokenizer
+        if not family.takes_prompts(manifest):
             raise VVSError(f"{engine_dir}: has no text encoder, so prompts cannot be encoded; re-export it with "
                            "vvs-export --t2i --text-encoder, or pass caption embeddings to the Pipeline API")
         return resolve_prompts(prompts, prompts_file, count)
@@ -294,10 +294,3 @@ def resolve_seeds(text: str, count: int) -> list[int]:
         return image_seeds(int(parts[0]) if len(parts) == 1 else [int(p) for p in parts], count)
     except VVSError as err:
         raise VVSError(f"option --{err}") from None
-
-
-def make_pipeline(engines, manifest: dict, max_batch: int):
-    """The pipeline of the folder's family over its engines."""
-    from vvs.families.registry import family_of
-
-    return family_of(manifest).call("pipeline", engines, max_batch=max_batch)

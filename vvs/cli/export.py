@@ -85,7 +85,7 @@ def export(model, out, force, backend, compute_capability, max_images, **options
     click.echo(f"wrote {out}/: {len(manifest['graphs'])} graphs ({manifest['precision']}, opset "
                f"{manifest['versions']['opset']}), {len(manifest['files'])} files, {total / 1e6:.1f} MB, in "
                f"{time.time() - start:.0f} s")
-    example = ' --prompt "a photo of a cat"' if "text" in manifest or "prompts" in manifest else ""
+    example = ' --prompt "a photo of a cat"' if chosen.takes_prompts(manifest) else ""
     click.echo(f"next: vvs-run --engine {out}{example}")
 
 

@@ -6,8 +6,9 @@ from pathlib import Path
 import click
 
 from vvs.cli.common import (FamilyCommand, class_option, decoding_headings, engine_options, family_overrides,
-                            make_pipeline, mode_option, num_images_option, prompt_options, resolve_conditions,
+                            mode_option, num_images_option, prompt_options, resolve_conditions,
                             resolve_modes, resolve_seeds, run_command, split_values, with_decoding_options)
+from vvs.families.registry import pipeline_of
 from vvs.runtime.options import check_flags_apply
 
 
@@ -50,7 +51,7 @@ def run_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, 
                                 len(split_values(classes)) or 4)
     seeds = resolve_seeds(seed, len(labels))
     engines = load_engines(engine_dir, backend, device, threads)
-    pipe = make_pipeline(engines, manifest, batch_size)
+    pipe = pipeline_of(engines, manifest, max_batch=batch_size)
     modes = modes or [pipe.options.name]
     check_flags_apply(overrides, modes, family.mode_names)
     for mode in modes:  # every mode's options are checked before the first image

@@ -87,5 +87,14 @@ class Family:
         module, _, attribute = self.model_configs[model][0].partition(":")
         return getattr(importlib.import_module(module), attribute)
 
+    def text_conditional(self, manifest: dict) -> bool:
+        return self.condition_kind(manifest) == "text"
+
+    @staticmethod
+    def takes_prompts(manifest: dict) -> bool:
+        """Whether a folder turns prompt strings into conditions itself: it holds a text encoder, or the target's
+        own tokenizer."""
+        return "text" in manifest or "prompts" in manifest
+
     def flag_of(self, field_name: str) -> str | None:
         return next((f.flag for f in self.decoding_flags if f.field == field_name), None)

@@ -24,3 +24,8 @@ def family(name: str) -> Family:
 def family_of(manifest: dict) -> Family:
     """The family of an engine folder (its manifest is already checked, so the name is known)."""
     return FAMILIES[manifest["model"]["family"]]
+
+
+def pipeline_of(engines, manifest: dict, **options):
+    """The pipeline of a folder's family over its engines (``max_batch``, ``max_queue``)."""
+    return family_of(manifest).call("pipeline", engines, **options)

@@ -1,4 +1,5 @@
-"""``vvs-serve``: one Ray Serve deployment whose replicas each hold a :class:`~vvs.runtime.pipeline.Pipeline`.
+"""``vvs-serve``: one Ray Serve deployment whose replicas each hold the pipeline the registry gives the folder's family
+(:func:`~vvs.families.registry.pipeline_of`).
 
 Ray Serve carries HTTP, spreads requests over replicas (on one machine or a cluster), restarts replicas that
 die or fail their health check, autoscales, and exports metrics; each replica merges the requests it is given
@@ -23,9 +24,8 @@ from starlette.responses import HTMLResponse, JSONResponse
 from vvs.engines import load_engines
 from vvs.engines.manifest import read_manifest
 from vvs.errors import VVSError
-from vvs.families.registry import family_of
+from vvs.families.registry import family_of, pipeline_of
 from vvs.runtime.options import OptionsError
-from vvs.runtime.pipeline import Pipeline
 from vvs.runtime.scheduler import Busy, RequestTimeout
 from vvs.serve.api import ApiError, GenerateRequest, ServedModel, generation_response, parse_generate
 from vvs.serve.drain import ReplicaDrain
@@ -43,14 +43,14 @@ class VVSServer:
                  max_request_bytes: int = MAX_REQUEST_BYTES):
         if threads is not None:  # Ray limits a replica's torch to its CPU reservation (OMP_NUM_THREADS)
             torch.set_num_threads(threads)
-        self.pipe = Pipeline(load_engines(engine_dir, backend, device=device, threads=threads),
-                             max_batch=max_batch, max_queue=max_queue)
-        self.max_request_bytes = max_request_bytes
         manifest = read_manifest(Path(engine_dir))
+        self.pipe = pipeline_of(load_engines(engine_dir, backend, device=device, threads=threads), manifest,
+                                max_batch=max_batch, max_queue=max_queue)
+        self.max_request_bytes = max_request_bytes
         self.class_names = manifest["model"].get("classes") or []
         family = family_of(manifest)
-        text = family.condition_kind(manifest) == "text"
-        self.prompts = "text" in manifest or "prompts" in manifest  # a text encoder, or the target's own tokenizer
+        text = family.text_conditional(manifest)
+        self.prompts = family.takes_prompts(manifest)
         self.num_classes = 0 if text else family.num_classes(manifest)
         self.served = ServedModel(f"{family.name}-{'t2i' if text else 'c2i'}", manifest["model"].get("image_size", 0),
                                   text, max_images, type(self.pipe.options))
