@@ -171,7 +171,8 @@ def mode_option(default: str):
 def engine_options(fn):
     """--engine, --backend, --device: which folder, and how to run it."""
     fn = click.option("--device", default=None, help="cpu, cuda or cuda:N (default: what the backend finds).")(fn)
-    fn = click.option("--backend", type=click.Choice(["auto", "onnxruntime", "torch", "tensorrt", "tensorrt-rtx"]),
+    backends = list(dict.fromkeys(b for f in FAMILIES.values() for b in f.run_backends))
+    fn = click.option("--backend", type=click.Choice(["auto", *backends]),
                       default="auto", show_default=True,
                       help="auto: TensorRT plans when built and installed, else ONNX Runtime.")(fn)
     return click.option("--engine", "engine_dir", type=click.Path(), default="engines", show_default=True,

@@ -24,7 +24,8 @@ COMMON = [
                  help="Engine folder to write; an existing engine folder is replaced only with --force, and only "
                       "once the new one is complete."),
     click.Option(["--force"], is_flag=True, help="Replace an existing engine folder at --out."),
-    click.Option(["--backend"], type=click.Choice(["onnxruntime", "tensorrt", "tensorrt-rtx"]), default="onnxruntime",
+    click.Option(["--backend"], type=click.Choice(["onnxruntime", *dict.fromkeys(
+                     b for f in FAMILIES.values() for b in f.build_backends)]), default="onnxruntime",
                  show_default=True,
                  help="tensorrt: also build TensorRT 11 engines (data-centre GPUs; build on the GPU that runs them). "
                       "tensorrt-rtx: also build TensorRT-RTX engines (GeForce / RTX PRO GPUs), ahead of time on any "

@@ -13,9 +13,8 @@ from vvs.runtime.options import check_flags_apply
 
 
 @click.command(cls=FamilyCommand, family_options=decoding_headings(),
-               help="Generate images from an engine folder and report decoding statistics. LlamaGen folders: ar "
-                    "(vanilla), sd (EAGLE-2 speculative decoding), lantern (relaxed acceptance), vvs (verification "
-                    "skipping); MAR folders: ar, cspd. Defaults come from the folder's manifest.")
+               help="Generate images from an engine folder and report decoding statistics (--mode lists each "
+                    "family's modes). Defaults come from the folder's manifest.")
 @engine_options
 @mode_option("the folder's default mode")
 @class_option
