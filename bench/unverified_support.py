@@ -1,11 +1,11 @@
 """How often a mode commits a code that the target's filtered distribution gives probability 0.
 
-A skipped cycle commits the drafter's path without the target, and LANTERN's neighbours lend mass to a drafted code;
-with top-k and top-p on, either could commit a code outside the target's filtered support, and vvs refuses both (the
-verification after a skip withdraws such a code; lending goes only to codes the filter keeps). This decodes the
-shipped class-conditional pair with ``sd``, ``lantern`` and ``vvs-uniform``, teacher-forces the target on the
-committed tokens with the same guidance and filter, and counts committed codes of probability 0 (and the
-withdrawals that kept VVS's count at 0).
+A skipped cycle commits the drafter's path without the target, and LANTERN's neighbours and GSD's group lend mass to
+a drafted code; with top-k and top-p on, any of them could commit a code outside the target's filtered support, and
+vvs refuses all three (the verification after a skip withdraws such a code; lending goes only to codes the filter
+keeps). This decodes the shipped class-conditional pair with ``sd``, ``lantern``, ``vvs-uniform``, ``gsd`` and
+SJD-PAC's released walk (``sjd-pac-official``), teacher-forces the target on the committed tokens with the same
+guidance and filter, and counts committed codes of probability 0 (and the withdrawals that kept VVS's count at 0).
 
 Usage: python bench/unverified_support.py [--engine engines] [--images 32] [--top-k 100] [--top-p 0.8]
 """
@@ -50,11 +50,13 @@ def main():
     classes = torch.arange(args.images) % target.config.num_classes
     settings = dict(temperature=1.0, top_k=args.top_k, top_p=args.top_p)
     proc = Processor(1.0, args.top_k, args.top_p)
-    for mode, extra in (("sd", {}), ("lantern", {}), ("vvs-uniform", {"skip_policy": "uniform"})):
-        result = pipe.generate(classes, mode=mode.split("-")[0], seed=0, decode_images=False, **settings, **extra)
+    runs = (("sd", "sd", {}), ("lantern", "lantern", {}), ("vvs-uniform", "vvs", {"skip_policy": "uniform"}),
+            ("gsd", "gsd", {}), ("sjd-pac-official", "sjd-pac", {"pac_rule": "official"}))
+    for name, mode, extra in runs:
+        result = pipe.generate(classes, mode=mode, seed=0, decode_images=False, **settings, **extra)
         zeros = zero_probability_codes(target, classes, result.tokens, pipe.options.cfg_scale, proc)
         total = result.aggregate()
-        print(f"{mode}: {zeros} of {result.tokens.numel()} committed codes have target probability 0 "
+        print(f"{name}: {zeros} of {result.tokens.numel()} committed codes have target probability 0 "
               f"(top-k {args.top_k}, top-p {args.top_p}, cfg {pipe.options.cfg_scale}; "
               f"{total['skipped_verifications']} skipped verifications, {total['withdrawals']} withdrawals of "
               f"{total['withdrawn_tokens']} tokens)")

@@ -8,6 +8,7 @@ tree of two candidates at each of its first two positions (7 nodes), so the walk
 import pytest
 import torch
 
+from tests.exactness import conditionals
 from tests.test_exactness import FAIL, PASS, SETTINGS, fit
 from vvs.runtime.jacobi import Jacobi, WindowLayout
 
@@ -155,3 +156,20 @@ def test_the_released_tree_walk_fails_it(pipe):
     _, (joint, _) = fit(pipe, "sjd-pac", SETTINGS["plain"], window=16, pac_tree_width=3, pac_tree_depth=3,
                         pac_rule="official")
     assert joint < FAIL
+
+
+@pytest.mark.parametrize("mode,options", [
+    ("gsd", dict(window=6, gsd_distance=4.0, gsd_prob_gap=1.0)),  # every ranked neighbour may join a group
+    ("sjd-pac", dict(window=16, pac_tree_width=3, pac_tree_depth=3, pac_rule="official")),
+])
+def test_lossy_window_modes_commit_no_code_the_target_filter_removes(pipe, mode, options):
+    """With top-k and top-p on, every committed code has positive probability under the target's filtered
+    distribution. A random refill often drafts a removed code, ranked just below the kept ones: GSD's group once
+    lent it their mass (791 of these 4,096 codes), and now forms only around drafts the filter keeps. The released
+    SJD-PAC walk tests every candidate against its parent's (residual) filtered distribution, so it keeps to the
+    support as well."""
+    setting = dict(temperature=1.0, top_k=3, top_p=0.8, cfg_scale=2.0)
+    classes = torch.arange(256) % 10
+    gen = pipe.generate(classes, mode=mode, seed=0, decode_images=False, **setting, **options)
+    probs = conditionals(pipe, classes, gen.tokens, **setting)
+    assert int((probs.gather(-1, gen.tokens[..., None]) == 0).sum()) == 0

@@ -35,7 +35,9 @@ fails it); the default rule is exact.
 GSD (arXiv 2508.07747) accepts ``x`` with probability ``min(1, p(G) / q(G))`` over a group ``G`` of
 near-equivalent codes: those the target ranks next to ``x``, within ``gsd_prob_gap`` of its probability and close
 to it in the tokenizer's latent space (the released code measures the target's input embeddings; vvs the
-codebook, as LANTERN does). The group lends ``x`` its neighbours' mass, so GSD changes the distribution by design.
+codebook, as LANTERN does). The group lends ``x`` its neighbours' mass, so GSD changes the distribution by design;
+it lends only to a code the target's filter keeps (``p(x) > 0``), as LANTERN's relaxation does, so no draft that
+top-k or top-p removed is committed.
 
 Greedy (temperature 0) is Jacobi decoding: a draft is accepted when it is the target's argmax (GSD: when the
 argmax is in its group).
@@ -291,7 +293,9 @@ class Jacobi:
         at = rank + torch.arange(-(g // 2), g - g // 2, device=p.device)
         codes = order.gather(-1, at.clamp(0, vocab - 1))
         distance = (self.latent[codes] - self.latent[x][..., None, :]).pow(2).sum(-1)
-        member = (free[..., None] & (at >= 0) & (at < vocab) & (codes != x[..., None])
+        # a draft the target's filter removed forms no group, so its test fails on its own mass of 0: top-k and top-p
+        # say which codes may appear at all, and the kept codes ranked just above it must not lend it theirs
+        member = (free[..., None] & (px > 0) & (at >= 0) & (at < vocab) & (codes != x[..., None])
                   & ((p.gather(-1, codes) - px).abs() < opts.gsd_prob_gap) & (distance < opts.gsd_distance))
         return codes, member
 
