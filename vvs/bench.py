@@ -197,6 +197,9 @@ def markdown_table(results: dict) -> str:
         cells += [f"{e[k]['median']:.3f} [{e[k]['min']:.3f}-{e[k]['max']:.3f}]" for k in quality]
         rows.append("| " + " | ".join(cells) + " |")
     note = f"\n{results['scale']}\n" if results.get("scale") else ""
+    if "peak_resident_bytes" in results:  # results of earlier versions lack it
+        note += (f"\npeak resident memory {results['peak_resident_bytes'] / 2**30:.2f} GiB (the whole process: "
+                 "sessions, caches and decodes, and the export of a --scale folder made by this run)\n")
     return "\n".join(rows) + "\n" + note
 
 

@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 from vvs.errors import VVSError
+from vvs.memory import describe_peak, peak_resident_bytes
 from vvs.runtime.stats import aggregate
 
 
@@ -229,11 +230,11 @@ class RunWriter:
                         f"{'-' if agg['acceptance_rate'] is None else format(agg['acceptance_rate'], '.1%'):>9} "
                         f"{agg['seconds_per_image']:8.3f}")
         print("\n".join(rows))
-        print(f"backend {backend}; images and grids in {self.out}/"
+        print(f"backend {backend}; {describe_peak()}; images and grids in {self.out}/"
               + (f", statistics in {self.stats_json}" if self.stats_json else ""))
         if self.stats_json:
             images = [record for b in self.batches for record in b.records]
-            payload = {"backend": backend, "images": images,
+            payload = {"backend": backend, "peak_resident_bytes": peak_resident_bytes(), "images": images,
                        "aggregate": summary[next(iter(summary))] if len(summary) == 1 else summary}
             atomic_write(self.stats_json, lambda tmp: tmp.write_text(json.dumps(payload, indent=1) + "\n"))
         if self.save_tokens:

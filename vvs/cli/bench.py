@@ -57,6 +57,7 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
     from vvs.engines import load_engines
     from vvs.engines.manifest import MANIFEST, read_manifest
     from vvs.families.registry import family_of
+    from vvs.memory import peak_resident_bytes
     from vvs.output import ensure_writable_dir
 
     manifest = read_manifest(Path(engine_dir))
@@ -109,7 +110,8 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
     described = family.call("describe_scale", read_manifest(Path(engine_dir))) if family.describe_scale else None
     results.update({"engine": str(engine_dir), "backend": engines.backend, "machine": machine(),
                     "num_images": num_images, "seed": seed, "num_seeds": num_seeds, "batch_size": batch_size,
-                    "defaults": pipe.options.to_dict(), "scale": described})
+                    "defaults": pipe.options.to_dict(), "scale": described,
+                    "peak_resident_bytes": peak_resident_bytes()})
     write_results(results, Path(out), samples)
     click.echo(markdown_table(results))
     click.echo(f"wrote {out}/results.json, table.md, pareto.png and sample grids")

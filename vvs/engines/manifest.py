@@ -33,6 +33,25 @@ class EngineFolderError(VVSError):
     pass
 
 
+# What a graph's matrices are stored as: float32, float16 / bfloat16 (such folders, and int8 folders' graphs other
+# than the target's), w8a8 (SmoothQuant's per-channel int8 weights and int8 activations as Q/DQ, int8 folders'
+# target graphs), or int8 / int4 (weight-only: ONNX Runtime's block-wise MatMulNBits in a float32 graph)
+GRAPH_WEIGHTS = ("fp32", "fp16", "bf16", "w8a8", "int8", "int4")
+WEIGHT_ONLY = ("int8", "int4")
+W8A8_GRAPHS = ("target_prefill", "target_verify")  # what --precision int8 quantizes
+
+
+def graph_weights(manifest: dict, name: str) -> str:
+    """The storage of graph ``name``'s matrices; folders exported before graphs recorded it say so through their
+    precision (and a draft_tree's ``weights``, recorded from the start)."""
+    recorded = manifest["graphs"][name].get("weights")
+    if recorded is not None:
+        return recorded
+    if manifest["precision"] == "int8":
+        return "w8a8" if name in W8A8_GRAPHS else "fp16"
+    return manifest["precision"]
+
+
 # a file of the folder: a relative path without ".." components
 _NAME = {"type": "string", "pattern": r"^[^/\\]+(/[^/\\]+)*$", "not": {"pattern": r"(^|/)\.\.(/|$)"}}
 _COUNT = {"type": "integer", "minimum": 1}
@@ -63,7 +82,7 @@ MANIFEST_SCHEMA = {
         "max_draft_top_k": _COUNT,
         "graphs": {"type": "object", "minProperties": 1, "additionalProperties": {
             "type": "object", "required": ["file", "spec"], "properties": {
-                "file": _NAME, "spec": _SPEC,
+                "file": _NAME, "spec": _SPEC, "weights": {"enum": list(GRAPH_WEIGHTS)},
                 "tree": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 3, "maxItems": 3}}}},
         "tables": {"type": "object", "required": ["file"], "properties": {
             "file": _NAME, "neighbours_per_code": {"type": "integer", "minimum": 0}}},

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import onnx
 
-from vvs.engines.manifest import MANIFEST, file_record, read_manifest, verify_files
+from vvs.engines.manifest import (MANIFEST, WEIGHT_ONLY, file_record, graph_weights, read_manifest,
+                                  verify_files)
 from vvs.errors import VVSError
 from vvs.families.registry import family_of
 
@@ -187,10 +188,12 @@ def build_folder(folder: Path, backend: str = "tensorrt", max_images: int = 8,
     verify_files(folder, manifest)
     if manifest["precision"] == "int8":
         check_int8(folder, manifest)
-    weights = manifest["graphs"].get("draft_tree", {}).get("weights", "fp32")
-    if weights != "fp32":
-        raise BuildError(f"draft_tree: its {weights} weights are ONNX Runtime's MatMulNBits, which TensorRT does not "
-                         "build; export the folder with --drafter-weights fp32 for TensorRT")
+    for name in manifest["graphs"]:
+        weights = graph_weights(manifest, name)
+        if weights in WEIGHT_ONLY:
+            raise BuildError(f"{name}: its {weights} weights are ONNX Runtime's MatMulNBits, which TensorRT does not "
+                             f"build; export the folder with {'--drafter-weights' if name == 'draft_tree' else '--weights'}"
+                             " fp32 for TensorRT")
     out = folder / fl.name
     out.mkdir(exist_ok=True)
     engines = {}

@@ -20,7 +20,8 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from vvs.engines.manifest import (CALIBRATION, FORMAT, MANIFEST, TABLES, TORCH_WEIGHTS, file_record, graph_spec)
+from vvs.engines.manifest import (CALIBRATION, FORMAT, MANIFEST, TABLES, TORCH_WEIGHTS, W8A8_GRAPHS, WEIGHT_ONLY,
+                                  file_record, graph_spec, graph_weights)
 from vvs.errors import VVSError
 from vvs.export.folder import folder_transaction, tool_versions
 from vvs.export.onnx_export import export_graph
@@ -41,30 +42,26 @@ PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.float1
 TREES = "trees"  # draft_tree graphs of other tree shapes, exported on demand
 TREE_INDEX = "index.json"  # in TREES: the size and sha256 of every file exported there
 PROMPT_TOKENIZER = "tokenizer.json"  # a target's own text tokenizer, where prompts are its input
-
-
-DRAFTER_WEIGHTS = ("fp32", "int8", "int4")
+WEIGHTS = ("fp32", *WEIGHT_ONLY)  # --weights, --drafter-weights
+FLOAT_GRAPHS = ("vq_decode",)  # pixels out of codes: no weight-only form, its convolutions are not MatMuls
 
 
 def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", max_draft_top_k: int = 10,
                   neighbours: int | None = None, decoding_defaults: dict | None = None,
                   extra_model_info: dict | None = None, progress: bool = True, force: bool = False,
-                  text_encoder: tuple | None = None, drafter_weights: str = "fp32") -> dict:
+                  text_encoder: tuple | None = None, weights: str = "fp32", drafter_weights: str | None = None) -> dict:
     """Export ``bundle`` into ``out_dir``; returns the manifest. ``neighbours``: LANTERN neighbours stored per
     code (default: the decoding defaults' ``lantern_k``). ``text_encoder``: a t2i target's ``transformers`` T5
     encoder and tokenizer (:func:`vvs.text.export.load_text_encoder`), exported as the ``text_encode`` graph.
-    ``drafter_weights="int8"`` or ``"int4"``: the draft_tree graphs' matrices as ONNX Runtime's ``MatMulNBits``
-    (:mod:`vvs.export.weight_only`)."""
+    ``weights="int8"`` or ``"int4"``: the constant matrices of the target's and the drafter's graphs as ONNX
+    Runtime's ``MatMulNBits`` (:mod:`vvs.export.weight_only`); ``drafter_weights``: the same for the draft_tree
+    graphs alone (None: as ``weights``)."""
     if precision not in PRECISIONS:
         raise VVSError(f"option precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
-    if drafter_weights not in DRAFTER_WEIGHTS:
-        raise VVSError(f"option drafter_weights={drafter_weights!r}: choose one of {', '.join(DRAFTER_WEIGHTS)}")
+    stored = weights_per_graph(weights, drafter_weights, precision, bundle.drafter is not None)
     if precision == "int8" and bundle.arch.int8 is None:
         raise VVSError(f"option --precision int8: vvs has no SmoothQuant layout for {bundle.family}'s target; export "
                        "it as fp32 or fp16")
-    if drafter_weights != "fp32" and (precision != "fp32" or bundle.drafter is None):
-        raise VVSError(f"option --drafter-weights {drafter_weights}: needs a drafter and --precision fp32 (the "
-                       f"{drafter_weights} weights multiply float32 activations quantised on the fly)")
     defaults = DecodeOptions().updated(**(decoding_defaults or {}))
     if bundle.drafter is None and defaults.uses_drafter:  # the best exact mode that needs no drafter
         defaults = defaults.updated(mode="sjd-pac")
@@ -97,13 +94,12 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
             written = export_graph(graphs[name], specs[name], work / f"{name}.onnx", vocab,
                                    bundle.target.config.max_positions - 1)
             onnx.checker.check_model(str(written[0]))
-            if name == "draft_tree" and drafter_weights != "fp32":
-                written = quantize_weights(written[0], drafter_weights)
+            if stored[name] in WEIGHT_ONLY:
+                written = quantize_weights(written[0], stored[name])
             files += written
-            entries[name] = {"file": written[0].name, "spec": specs[name].to_dict()}
+            entries[name] = {"file": written[0].name, "spec": specs[name].to_dict(), "weights": stored[name]}
         if drafter is not None:
             entries["draft_tree"]["tree"] = list(defaults.tree)
-            entries["draft_tree"]["weights"] = drafter_weights
         if text_encoder is not None:
             from vvs.text.export import export_text_encoder
 
@@ -152,6 +148,31 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
     return manifest
 
 
+def weights_per_graph(weights: str, drafter_weights: str | None, precision: str, has_drafter: bool) -> dict:
+    """What each graph's matrices are stored as (the manifest's ``graphs.<name>.weights``), or a one-line refusal
+    of a combination that cannot be exported."""
+    for option, value in (("--weights", weights), ("--drafter-weights", drafter_weights)):
+        if value is not None and value not in WEIGHTS:
+            raise VVSError(f"option {option} {value}: choose one of {', '.join(WEIGHTS)}")
+    if weights != "fp32" and drafter_weights is not None:
+        raise VVSError(f"option --drafter-weights {drafter_weights}: --weights {weights} already sets the drafter's "
+                       "weights; give --weights alone, or --drafter-weights alone to quantise only the drafter")
+    why = "the {} weights multiply float32 activations quantised on the fly"
+    if weights != "fp32" and precision != "fp32":
+        raise VVSError(f"option --weights {weights}: needs --precision fp32 ({why.format(weights)}), not --precision "
+                       f"{precision}")
+    if drafter_weights not in (None, "fp32") and (precision != "fp32" or not has_drafter):
+        raise VVSError(f"option --drafter-weights {drafter_weights}: needs a drafter and --precision fp32 "
+                       f"({why.format(drafter_weights)})")
+    drafter_weights = drafter_weights or weights
+    floating = "fp32" if precision == "fp32" else "fp16"
+    target = "w8a8" if precision == "int8" else weights if weights != "fp32" else floating
+    stored = {name: target for name in W8A8_GRAPHS}
+    stored["draft_tree"] = drafter_weights if drafter_weights != "fp32" else floating
+    stored.update({name: floating for name in FLOAT_GRAPHS})
+    return stored
+
+
 def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, GraphSpec]:
     """The ``draft_tree`` graph of ``tree`` for an engine folder, exported once from the folder's own torch
     weights into its ``trees/`` subfolder (named after those weights' sha256, so a re-exported folder never picks
@@ -159,8 +180,8 @@ def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, Gr
     folder's own files are checked; a graph that fails (truncated, edited) is exported again."""
     folder = Path(folder)
     weights = "".join(manifest["files"][TORCH_WEIGHTS[m]]["sha256"][:8] for m in ("target", "drafter"))
-    bits = manifest["graphs"]["draft_tree"].get("weights", "fp32")
-    path = folder / TREES / f"draft_tree-{tree.name}-{weights}{'' if bits == 'fp32' else '-' + bits}.onnx"
+    bits = graph_weights(manifest, "draft_tree")
+    path = folder / TREES / f"draft_tree-{tree.name}-{weights}{'-' + bits if bits in WEIGHT_ONLY else ''}.onnx"
     arch = family_of(manifest).entry("target_arch")
     target = arch.config(**manifest["model"]["target"])
     act = graph_spec(manifest, "draft_tree").inputs[0].dtype
@@ -176,7 +197,7 @@ def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, Gr
         cast_floating(module, DTYPES[act])
         try:
             written = export_graph(module, spec, path, target.vocab_size, target.max_positions - 1)
-            _record(path.parent, written if bits == "fp32" else quantize_weights(path, bits))
+            _record(path.parent, quantize_weights(path, bits) if bits in WEIGHT_ONLY else written)
         except OSError as err:
             raise VVSError(f"{path}: cannot write the draft_tree graph for tree {tree.name} ({err.strerror or err}); "
                            "make the engine folder writable, or export it with this tree as a default") from None
@@ -281,4 +302,4 @@ def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
 
         encoder = load_text_encoder(text_encoder, bundle.target.config.caption_dim)
     return export_folder(bundle, out, o["precision"], o["max_draft_top_k"], o["lantern_k"], defaults, extra,
-                         force=force, text_encoder=encoder, drafter_weights=o["drafter_weights"])
+                         force=force, text_encoder=encoder, weights=o["weights"], drafter_weights=o["drafter_weights"])

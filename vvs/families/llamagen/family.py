@@ -29,12 +29,17 @@ EXPORT_OPTIONS = (
                  help="fp16: half-precision graphs, the VQ decoder included (RMSNorm, RoPE and the logits stay "
                       "fp32). int8: SmoothQuant W8A8 Q/DQ on the target's block linear layers, calibrated "
                       "on the model's own samples, in an otherwise fp16 graph (the drafter is never quantized)."),
-    click.Option(["--drafter-weights"], type=click.Choice(["fp32", "int8", "int4"]), default="fp32",
-                 show_default=True,
-                 help="int8 / int4: the drafter graph's matrices (its layer and the head) as ONNX Runtime's "
-                      "block-wise MatMulNBits, multiplied in int8: on a CPU the drafter call streams a quarter (an "
-                      "eighth) of the bytes. Changes which drafts are proposed, never what an exact mode samples. ONNX Runtime "
-                      "only: the torch backend runs the float32 drafter, TensorRT refuses the graph."),
+    click.Option(["--weights"], type=click.Choice(["fp32", "int8", "int4"]), default="fp32", show_default=True,
+                 help="int8 / int4: every constant matrix of the target's and the drafter's graphs (the heads "
+                      "included; not the image decoder) as ONNX Runtime's block-wise MatMulNBits, with no float32 "
+                      "copy at run time: a quarter (an eighth) of the weights' memory and bytes streamed per call. "
+                      "Exact modes sample the quantised target's distribution exactly. ONNX Runtime only: the torch "
+                      "backend runs the float32 models, TensorRT refuses it. Needs --precision fp32."),
+    click.Option(["--drafter-weights"], type=click.Choice(["fp32", "int8", "int4"]), default=None,
+                 help="The same for the drafter's graph alone (its layer and the head), the target left float32: "
+                      "on a CPU the drafter call streams a quarter (an eighth) of the bytes, and this changes which "
+                      "drafts are proposed, never what an exact mode samples. Default: as --weights; not with "
+                      "--weights int8 / int4, which covers the drafter already."),
     click.Option(["--no-drafter"], is_flag=True,
                  help="Export without a drafter: the folder runs ar, sjd, sjd-pac and gsd. Also what --checkpoint "
                       "without --drafter exports."),

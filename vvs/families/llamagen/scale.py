@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vvs.engines.manifest import MANIFEST, TORCH_WEIGHTS, read_manifest
+from vvs.engines.manifest import MANIFEST, TORCH_WEIGHTS, WEIGHT_ONLY, graph_weights, read_manifest
 from vvs.errors import VVSError
 
 # float32 copies of the target a scale run holds at its peak: exporting the folder (measured: 4.1 copies, 19.3 GiB,
@@ -101,7 +101,10 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
     weights = ("target", "drafter", "vq") if has_drafter else ("target", "vq")
     source = {name: manifest["files"][TORCH_WEIGHTS[name]]["sha256"] for name in weights}
     if has_drafter:
-        source["drafter_weights"] = manifest["graphs"]["draft_tree"].get("weights", "fp32")
+        bits = graph_weights(manifest, "draft_tree")
+        source["drafter_weights"] = bits if bits in WEIGHT_ONLY else "fp32"
+    if graph_weights(manifest, "target_verify") in WEIGHT_ONLY:  # only then, so earlier scale folders still match
+        source["weights"] = graph_weights(manifest, "target_verify")
     per_layer, rest = call_parameters(arch.model, full)
     inflated = {"size": size, "layers": layers, "official_layers": full.n_layer,
                 "target_time_scale": (rest + full.n_layer * per_layer) / (rest + layers * per_layer),
@@ -123,7 +126,9 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     info = {k: v for k, v in manifest["model"].items() if k not in ("family", "target", "drafter", "vq")}
     info["inflated"] = inflated
-    export_folder(bundle, out, precision=manifest["precision"], drafter_weights=source.get("drafter_weights", "fp32"),
+    target_bits = source.get("weights", "fp32")
+    export_folder(bundle, out, precision=manifest["precision"], weights=target_bits,
+                  drafter_weights=None if target_bits != "fp32" else source.get("drafter_weights"),
                   decoding_defaults=manifest["decoding_defaults"],
                   neighbours=manifest["tables"]["neighbours_per_code"], extra_model_info=info, progress=progress,
                   force=True)
@@ -137,6 +142,7 @@ def describe(manifest: dict) -> str | None:
     inflated = manifest["model"].get("inflated")
     if inflated is None:
         return None
+    target_bits = inflated["source"].get("weights", "fp32")
     bits = inflated["source"].get("drafter_weights", "fp32")
     t = family_of(manifest).entry("target_arch").config(**manifest["model"]["target"])
     depth = ("" if inflated.get("layers", t.n_layer) == inflated.get("official_layers", t.n_layer) else
@@ -146,4 +152,6 @@ def describe(manifest: dict) -> str | None:
             f"wide with the {t.vocab_size}-row head vvs runs at that size, a one-layer drafter of its width) with the "
             f"acceptance of {inflated['source_folder']}'s pair, whose {len(t.sampled_ids)} codes are the only ones "
             "sampled"
-            + (f"; the drafter's weights {bits} (ONNX Runtime's MatMulNBits)" if bits != "fp32" else "") + depth)
+            + (f"; the target's and the drafter's weights {target_bits} (ONNX Runtime's MatMulNBits)"
+               if target_bits != "fp32" else
+               f"; the drafter's weights {bits} (ONNX Runtime's MatMulNBits)" if bits != "fp32" else "") + depth)

@@ -1,0 +1,225 @@
+"""``vvs-export --weights int8 | int4``: the target's and the drafter's matrices as ONNX Runtime's block-wise
+``MatMulNBits`` (:mod:`vvs.export.weight_only`).
+
+Exact modes then sample the *quantised* target's distribution exactly, so greedy ``sd`` and ``sjd`` must decode the
+greedy ``ar`` tokens of the same folder; how far the quantised target is from the float32 one is measured as the
+top-1 agreement of their logits on the calls of a real decode (a float32 decode's inputs run through both)."""
+import json
+import shutil
+
+import onnx
+import pytest
+import torch
+
+from conftest import SMALL, run_cli
+from vvs.engines import load_engines
+from vvs.engines.manifest import EngineFolderError, graph_weights, read_manifest
+from vvs.export.weight_only import ACCURACY_LEVEL
+from vvs.runtime.pipeline import Pipeline
+
+BITS = {"int8": 8, "int4": 4}
+QUANTISED = ("target_prefill", "target_verify", "draft_tree")
+TARGET = ("target_prefill", "target_verify")
+# top-1 agreement with the float32 target over every code a decode's target calls score, measured on the tiny
+# random bundle (16 codes, 64 channels: two int4 blocks per row, a coarse case; 4 images with guidance: int8
+# 1.000, int4 0.875 of 64 positions) and on the shipped model (1,024 codes: docs/performance.md); the floors leave
+# room for other hosts' rounding
+TINY_FLOOR = {"int8": 0.95, "int4": 0.75}
+SHIPPED_FLOOR = {"int8": 0.97, "int4": 0.90}
+
+
+@pytest.fixture(scope="module")
+def folders(bundle_factory, tiny_folder, tmp_path_factory):
+    """The small random bundle exported once per weight-only precision, and its float32 folder."""
+    from vvs.families.llamagen.exporter import export_folder
+
+    root = tmp_path_factory.mktemp("weight-only")
+    out = {"fp32": tiny_folder}
+    for weights in BITS:
+        out[weights] = root / weights
+        export_folder(bundle_factory(), out[weights], decoding_defaults=SMALL, progress=False, weights=weights)
+    return out
+
+
+def constant_matmuls(path) -> tuple[list, list]:
+    """(MatMuls whose second input is a stored matrix, MatMulNBits nodes) of an ONNX file."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    stored = {i.name for i in graph.initializer}
+    return ([n for n in graph.node if n.op_type == "MatMul" and n.input[1] in stored],
+            [n for n in graph.node if n.op_type == "MatMulNBits"])
+
+
+def attribute(node, name):
+    return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
+
+
+@pytest.mark.parametrize("weights", list(BITS))
+def test_every_constant_matmul_of_target_and_drafter_is_matmulnbits(folders, weights):
+    """Every stored matrix the target's and the drafter's graphs multiply (the blocks' linears and the heads) is
+    MatMulNBits of the asked bits at the measured accuracy level; the image decoder stays float; the manifest
+    records each graph's weights."""
+    folder = folders[weights]
+    manifest = read_manifest(folder)
+    layers = manifest["model"]["target"]["n_layer"]
+    for name in QUANTISED:
+        plain, nbits = constant_matmuls(folder / manifest["graphs"][name]["file"])
+        assert not plain, f"{name}: {[n.name for n in plain]} still float"
+        # qkv (fused or not), o, gate/up, down per layer and the head
+        assert len(nbits) >= (4 * layers + 1 if name in TARGET else 5), name
+        assert {attribute(n, "bits") for n in nbits} == {BITS[weights]}
+        assert {attribute(n, "accuracy_level") for n in nbits} == {ACCURACY_LEVEL}
+        assert manifest["graphs"][name]["weights"] == weights
+    vq = onnx.load(str(folder / manifest["graphs"]["vq_decode"]["file"]), load_external_data=False).graph
+    assert not any(n.op_type == "MatMulNBits" for n in vq.node)
+    assert manifest["graphs"]["vq_decode"]["weights"] == "fp32"
+    assert {g["weights"] for g in read_manifest(folders["fp32"])["graphs"].values()} == {"fp32"}
+
+
+def test_exact_modes_stay_exact_on_the_quantised_target(folders):
+    """The int4 target is the distribution the exact modes sample: greedy sd (the int4 drafter proposing, the int4
+    target verifying) and greedy sjd (no drafter) decode exactly greedy ar's tokens, with and without guidance."""
+    pipe = Pipeline(load_engines(folders["int4"], "onnxruntime", threads=1))
+    for cfg in (1.0, 2.0):
+        tokens = {mode: pipe.generate([1, 3], mode=mode, temperature=0, cfg_scale=cfg, decode_images=False).tokens
+                  for mode in ("ar", "sd", "sjd")}
+        assert torch.equal(tokens["ar"], tokens["sd"]), cfg
+        assert torch.equal(tokens["ar"], tokens["sjd"]), cfg
+
+
+class Beside:
+    """A float32 target graph that runs each call's inputs through the quantised folders' same graph too and
+    counts the positions whose top-1 code agrees."""
+
+    def __init__(self, engine, others: dict):
+        self.engine, self.others = engine, others
+        self.agree = dict.fromkeys(others, 0)
+        self.positions = 0
+
+    def run(self, **inputs):
+        out = self.engine.run(**inputs)
+        top = out["logits"].argmax(-1)
+        self.positions += top.numel()
+        for weights, other in self.others.items():
+            self.agree[weights] += int((other.run(**inputs)["logits"].argmax(-1) == top).sum())
+        return out
+
+
+def top1_agreement(fp32_folder, quantised: dict, labels: list, **decoding) -> dict:
+    """Per quantised folder: the share of a float32 ``ar`` decode's scored positions where its target's top-1 code
+    is the float32 target's."""
+    engines = load_engines(fp32_folder, "onnxruntime", threads=1)
+    others = {w: load_engines(f, "onnxruntime", threads=1) for w, f in quantised.items()}
+    counters = {name: Beside(engines.graphs[name], {w: e.graphs[name] for w, e in others.items()}) for name in TARGET}
+    engines.graphs.update(counters)
+    Pipeline(engines).generate(labels, mode="ar", decode_images=False, **decoding)
+    return {w: sum(c.agree[w] for c in counters.values()) / sum(c.positions for c in counters.values())
+            for w in quantised}
+
+
+def test_top1_agreement_with_the_float32_target(folders):
+    agreement = top1_agreement(folders["fp32"], {w: folders[w] for w in BITS}, [0, 1, 2, 3], cfg_scale=2.0)
+    print(f"top-1 agreement with fp32 (tiny bundle): {agreement}")
+    for weights, share in agreement.items():
+        assert share >= TINY_FLOOR[weights], (weights, share)
+
+
+@pytest.mark.slow
+def test_top1_agreement_on_the_shipped_model(tmp_path_factory):
+    """The shipped model (1,024 codes) exported at each precision; 8 images with its default sampling."""
+    from vvs.families.llamagen.bundle import load_bundle, shipped_info
+    from vvs.families.llamagen.exporter import export_folder
+
+    bundle, root = load_bundle(), tmp_path_factory.mktemp("shipped-weights")
+    defaults = shipped_info()["decoding_defaults"]
+    folders = {}
+    for weights in ("fp32", *BITS):
+        folders[weights] = root / weights
+        export_folder(bundle, folders[weights], decoding_defaults=defaults, progress=False, weights=weights)
+    agreement = top1_agreement(folders["fp32"], {w: folders[w] for w in BITS}, list(range(8)))
+    print(f"top-1 agreement with fp32 (shipped model): {agreement}")
+    for weights, share in agreement.items():
+        assert share >= SHIPPED_FLOOR[weights], (weights, share)
+
+
+def test_a_folder_without_per_graph_weights_still_loads(folders, tmp_path):
+    """Folders exported before every graph recorded its weights (only draft_tree did) read as their precision
+    says; an unknown value is a one-line error naming the field."""
+    old = tmp_path / "old"
+    shutil.copytree(folders["fp32"], old)
+    path = old / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for name, graph in manifest["graphs"].items():
+        if name != "draft_tree":
+            del graph["weights"]
+    path.write_text(json.dumps(manifest, indent=2))
+    manifest = read_manifest(old)
+    assert {name: graph_weights(manifest, name) for name in manifest["graphs"]} == dict.fromkeys(manifest["graphs"],
+                                                                                               "fp32")
+    assert graph_weights({**manifest, "precision": "int8"}, "target_verify") == "w8a8"
+    Pipeline(load_engines(old, "onnxruntime", threads=1)).generate([1], mode="sd", decode_images=False)
+    manifest["graphs"]["target_verify"]["weights"] = "int3"
+    path.write_text(json.dumps(manifest, indent=2))
+    with pytest.raises(EngineFolderError, match="graphs.target_verify.weights: 'int3' is not one of"):
+        read_manifest(old)
+
+
+def test_vvs_run_reports_peak_memory(folders, tmp_path, capsys, monkeypatch):
+    from vvs.cli.run import main
+
+    code, out, err = run_cli(main, ["--engine", folders["int4"], "--out", tmp_path / "out", "--class", "1",
+                                    "--threads", "1", "--mode", "sd", "--stats-json", tmp_path / "s.json"],
+                             capsys, monkeypatch)
+    assert code == 0, err
+    assert "peak resident memory" in out and " GiB" in out
+    assert json.loads((tmp_path / "s.json").read_text())["peak_resident_bytes"] > 0
+
+
+EXPORT_REFUSALS = [
+    (["--weights", "int4", "--precision", "fp16"], "option --weights int4: needs --precision fp32"),
+    (["--weights", "int8", "--precision", "int8"], "option --weights int8: needs --precision fp32"),
+    (["--weights", "int4", "--backend", "tensorrt"], "option --weights int4: ONNX Runtime's MatMulNBits, which "
+                                                     "tensorrt does not build"),
+    (["--weights", "int4", "--backend", "tensorrt-rtx"], "which tensorrt-rtx does not build"),
+    (["--drafter-weights", "int8", "--backend", "tensorrt"], "option --drafter-weights int8: ONNX Runtime's"),
+    (["--weights", "int4", "--drafter-weights", "int8"], "--weights int4 already sets the drafter's weights"),
+    (["--weights", "int4", "--drafter-weights", "fp32"], "--weights int4 already sets the drafter's weights"),
+    (["--model", "mar", "--weights", "int4"], "option --weights: applies to --model"),
+]
+
+
+@pytest.mark.parametrize("args,message", EXPORT_REFUSALS)
+def test_vvs_export_refuses_contradictory_weights_in_one_line(tmp_path, capsys, monkeypatch, args, message):
+    from vvs.cli.export import main
+
+    code, _, err = run_cli(main, ["--out", tmp_path / "f", *args], capsys, monkeypatch)
+    lines = [line for line in err.splitlines() if line.strip() and "%|" not in line]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("vvs-export: error: "), err
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in err
+    assert not (tmp_path / "f").exists()
+
+
+def test_tensorrt_refuses_a_weight_only_target_in_one_line(folders):
+    from vvs.engines.tensorrt_build import BuildError, build_folder
+
+    with pytest.raises(BuildError, match="target_prefill: its int4 weights are ONNX Runtime's MatMulNBits, which "
+                                         "TensorRT does not build; export the folder with --weights fp32"):
+        build_folder(folders["int4"], "tensorrt-rtx")
+
+
+@pytest.mark.slow
+def test_a_scale_folder_keeps_the_sources_weights(folders, tmp_path):
+    """``vvs-bench --scale`` of an int4 folder exports its inflated folder int4 too, says so, and decodes the
+    source's greedy tokens in an exact mode (the inflation computes the same function; int4's blocks of the
+    inflated matrices hold the same values padded with zeros, so the rounding is the same)."""
+    from vvs.families.llamagen.scale import describe, scale_folder
+
+    source = tmp_path / "engines"
+    shutil.copytree(folders["int4"], source)
+    inflated = scale_folder(source, "GPT-B:2", progress=False)
+    manifest = read_manifest(inflated)
+    assert {name: graph_weights(manifest, name) for name in manifest["graphs"]} == {
+        **dict.fromkeys(QUANTISED, "int4"), "vq_decode": "fp32"}
+    assert manifest["model"]["inflated"]["source"]["weights"] == "int4"
+    assert "the target's and the drafter's weights int4 (ONNX Runtime's MatMulNBits)" in describe(manifest)
+    assert scale_folder(source, "GPT-B:2", progress=False) == inflated  # reused, not exported again
