@@ -123,18 +123,25 @@ def test_top1_agreement_with_the_float32_target(folders):
         assert share >= TINY_FLOOR[weights], (weights, share)
 
 
-@pytest.mark.slow
-def test_top1_agreement_on_the_shipped_model(tmp_path_factory):
-    """The shipped model (1,024 codes) exported at each precision; 8 images with its default sampling."""
+@pytest.fixture(scope="module")
+def shipped_folders(tmp_path_factory):
+    """The shipped model (1,024 codes) exported at each precision, as ``vvs-export --weights W`` does."""
     from vvs.families.llamagen.bundle import load_bundle, shipped_info
     from vvs.families.llamagen.exporter import export_folder
 
     bundle, root = load_bundle(), tmp_path_factory.mktemp("shipped-weights")
-    defaults = shipped_info()["decoding_defaults"]
     folders = {}
     for weights in ("fp32", *BITS):
         folders[weights] = root / weights
-        export_folder(bundle, folders[weights], decoding_defaults=defaults, progress=False, weights=weights)
+        export_folder(bundle, folders[weights], decoding_defaults=shipped_info()["decoding_defaults"], progress=False,
+                      extra_model_info={"classes": [c["name"] for c in shipped_info()["classes"]]}, weights=weights)
+    return folders
+
+
+@pytest.mark.slow
+def test_top1_agreement_on_the_shipped_model(shipped_folders):
+    """8 images with the shipped model's default sampling."""
+    folders = shipped_folders
     agreement = top1_agreement(folders["fp32"], {w: folders[w] for w in BITS}, list(range(8)))
     print(f"top-1 agreement with fp32 (shipped model): {agreement}")
     for weights, share in agreement.items():
@@ -179,7 +186,9 @@ EXPORT_REFUSALS = [
     (["--weights", "int8", "--precision", "int8"], "option --weights int8: needs --precision fp32"),
     (["--weights", "int4", "--backend", "tensorrt"], "option --weights int4: ONNX Runtime's MatMulNBits, which "
                                                      "tensorrt does not build"),
-    (["--weights", "int4", "--backend", "tensorrt-rtx"], "which tensorrt-rtx does not build"),
+    (["--weights", "int8", "--backend", "tensorrt-rtx"], "which tensorrt-rtx does not build; export it for "
+                                                        "--backend onnxruntime, or without it for tensorrt-rtx "
+                                                        "(which takes int4)"),
     (["--drafter-weights", "int8", "--backend", "tensorrt"], "option --drafter-weights int8: ONNX Runtime's"),
     (["--weights", "int4", "--drafter-weights", "int8"], "--weights int4 already sets the drafter's weights"),
     (["--weights", "int4", "--drafter-weights", "fp32"], "--weights int4 already sets the drafter's weights"),
@@ -199,12 +208,65 @@ def test_vvs_export_refuses_contradictory_weights_in_one_line(tmp_path, capsys, 
     assert not (tmp_path / "f").exists()
 
 
-def test_tensorrt_refuses_a_weight_only_target_in_one_line(folders):
+def test_tensorrt_rtx_builds_the_int4_folder_and_refuses_int8(folders, tmp_path):
+    """TensorRT-RTX builds every graph of an int4 folder from the same integers and scales (DequantizeLinear with
+    blocks -> MatMul), leaving no converted graph behind; int8 blocks (negative scales) are refused in one line."""
     from vvs.engines.tensorrt_build import BuildError, build_folder
 
-    with pytest.raises(BuildError, match="target_prefill: its int4 weights are ONNX Runtime's MatMulNBits, which "
-                                         "TensorRT does not build; export the folder with --weights fp32"):
-        build_folder(folders["int4"], "tensorrt-rtx")
+    folder = tmp_path / "int4"
+    shutil.copytree(folders["int4"], folder)
+    manifest = build_folder(folder, "tensorrt-rtx", max_images=2)
+    assert sorted(manifest["tensorrt-rtx"]["engines"]) == sorted(manifest["graphs"])
+    assert sorted(p.name for p in (folder / "tensorrt-rtx").iterdir()) == sorted(
+        f"{name}.plan" for name in manifest["graphs"])
+    with pytest.raises(BuildError, match="target_prefill: its int8 weights are ONNX Runtime's MatMulNBits, which "
+                                         "TensorRT-RTX does not build; export the folder with --weights fp32"):
+        build_folder(folders["int8"], "tensorrt-rtx")
+
+
+@pytest.mark.slow
+def test_tensorrt_rtx_builds_the_shipped_int4_folder(shipped_folders, tmp_path):
+    """At the shipped size: every graph builds, the target's plans from int4 weights."""
+    from vvs.engines.tensorrt_build import build_folder
+
+    folder = tmp_path / "int4"
+    shutil.copytree(shipped_folders["int4"], folder)
+    manifest = build_folder(folder, "tensorrt-rtx", max_images=8)
+    sizes = {name: (folder / e["file"]).stat().st_size for name, e in manifest["tensorrt-rtx"]["engines"].items()}
+    print(f"TensorRT-RTX plans of the shipped int4 folder (bytes): {sizes}")
+    assert sorted(sizes) == sorted(manifest["graphs"])
+
+
+def test_the_dequantized_form_multiplies_by_onnx_runtimes_weights():
+    """:func:`dequantize_form` unpacks MatMulNBits' codes and scales exactly: an identity input gives the same
+    matrix from both graphs, for int4 and int8, and as float32 values too."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    from vvs.export.weight_only import BLOCK, dequantize_form
+
+    k, n = 3 * BLOCK, 40
+    weights = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+                              [numpy_helper.from_array(weights, "w")])
+    eye = {"a": np.eye(k, dtype=np.float32)}
+    for bits in (4, 8):
+        quantiser = MatMulNBitsQuantizer(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)],
+                                                           ir_version=10), bits=bits, block_size=BLOCK,
+                                         is_symmetric=True)
+        quantiser.process()
+        model = quantiser.model.model.SerializeToString()
+        ours = ort.InferenceSession(model).run(None, eye)[0]
+        for to_float in (False, True):
+            form = dequantize_form(onnx.ModelProto.FromString(model), to_float)
+            assert not any(node.op_type == "MatMulNBits" for node in form.graph.node)
+            np.testing.assert_allclose(ort.InferenceSession(form.SerializeToString()).run(None, eye)[0], ours,
+                                       rtol=0, atol=1e-6)
+        assert np.abs(ours - weights).max() < (0.5 if bits == 4 else 0.05)  # and they are the weights, rounded
 
 
 @pytest.mark.slow

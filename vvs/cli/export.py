@@ -65,13 +65,15 @@ def export(model, out, force, backend, compute_capability, max_images, **options
     if backend != "onnxruntime" and backend not in chosen.build_backends:
         raise VVSError(f"option --backend {backend}: " + chosen.instead.get(
             backend, f"{chosen.label} folders build {', '.join(chosen.build_backends) or 'no plans'}"))
-    quantised = [(name, value) for name, value in options.items()
-                 if name in ("weights", "drafter_weights") and value not in (None, "fp32")]
-    if backend != "onnxruntime" and quantised:  # weight-only MatMulNBits is ONNX Runtime's own operator
-        name, value = quantised[0]
-        raise VVSError(f"option --{name.replace('_', '-')} {value}: ONNX Runtime's MatMulNBits, which {backend} does "
-                       f"not build; export it for --backend onnxruntime, or without it for {backend}")
     if backend != "onnxruntime":  # fail before the export, not after it
+        from vvs.engines.tensorrt_build import BUILDS_WEIGHT_ONLY
+
+        for name in ("weights", "drafter_weights"):
+            value = options.get(name)
+            if value not in (None, "fp32") and value not in BUILDS_WEIGHT_ONLY[backend]:
+                raise VVSError(f"option --{name.replace('_', '-')} {value}: ONNX Runtime's MatMulNBits, which "
+                               f"{backend} does not build; export it for --backend onnxruntime, or without it for "
+                               f"{backend}" + (" (which takes int4)" if BUILDS_WEIGHT_ONLY[backend] else ""))
         from vvs.engines.tensorrt_build import check_build_request, parse_compute_capabilities
 
         capabilities = parse_compute_capabilities(compute_capability)

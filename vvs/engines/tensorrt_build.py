@@ -146,6 +146,36 @@ def check_int8(folder: Path, manifest: dict) -> None:
                              "TensorRT has no implicit calibration")
 
 
+# weight-only graphs TensorRT-RTX takes: int4 blocks (its parser refuses the negative scales of ONNX Runtime's
+# symmetric int8 blocks; TensorRT 11 was never tried)
+BUILDS_WEIGHT_ONLY = {"tensorrt-rtx": ("int4",), "tensorrt": ()}
+# TensorRT-RTX 1.7.1's builder stops with an internal error (Myelin, codeGenerator.cpp:2012) on the int4 draft_tree
+# graph of more than one tree level: its plan holds the same values as float32 (the drafter only proposes)
+FLOAT_COPY = ("draft_tree",)
+
+
+def check_weight_only(fl: Flavour, manifest: dict) -> None:
+    for name in manifest["graphs"]:
+        weights = graph_weights(manifest, name)
+        if weights in WEIGHT_ONLY and weights not in BUILDS_WEIGHT_ONLY[fl.name]:
+            option = "--drafter-weights" if name == "draft_tree" else "--weights"
+            builds = " or ".join(f"{w} with --backend {f}" for f, ws in BUILDS_WEIGHT_ONLY.items() for w in ws)
+            raise BuildError(f"{name}: its {weights} weights are ONNX Runtime's MatMulNBits, which {fl.label} does "
+                             f"not build; export the folder with {option} fp32 (or {builds}) for {fl.label}")
+
+
+def dequantized_copy(path: Path, out: Path, to_float: bool) -> Path:
+    """The graph with its ``MatMulNBits`` as ``DequantizeLinear`` -> ``MatMul`` of the same integers and scales,
+    the form TensorRT's parser reads, or as float32 ``MatMul`` of their values
+    (:func:`vvs.export.weight_only.dequantize_form`)."""
+    from vvs.export.weight_only import dequantize_form
+
+    model = dequantize_form(onnx.load(str(path)), to_float)
+    onnx.save_model(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=out.name + ".data", size_threshold=1024)
+    return out
+
+
 def build_engine(fl: Flavour, onnx_path: Path, name: str, profiles,
                  compute_capabilities: list[tuple[int, int]] | None = None, timing_cache: Path | None = None) -> bytes:
     """Parse and build one graph into a serialized plan."""
@@ -188,20 +218,23 @@ def build_folder(folder: Path, backend: str = "tensorrt", max_images: int = 8,
     verify_files(folder, manifest)
     if manifest["precision"] == "int8":
         check_int8(folder, manifest)
-    for name in manifest["graphs"]:
-        weights = graph_weights(manifest, name)
-        if weights in WEIGHT_ONLY:
-            raise BuildError(f"{name}: its {weights} weights are ONNX Runtime's MatMulNBits, which TensorRT does not "
-                             f"build; export the folder with {'--drafter-weights' if name == 'draft_tree' else '--weights'}"
-                             " fp32 for TensorRT")
+    check_weight_only(fl, manifest)
     out = folder / fl.name
     out.mkdir(exist_ok=True)
     engines = {}
     for name, entry in manifest["graphs"].items():
         start = time.perf_counter()
         profiles = shape_ranges(manifest, name, max_images)
-        plan = build_engine(fl, folder / entry["file"], name, profiles, compute_capabilities,
-                            None if fl.rtx else out / TIMING_CACHE)
+        source = folder / entry["file"]
+        if graph_weights(manifest, name) in WEIGHT_ONLY:
+            source = dequantized_copy(source, out / f"{name}.dq.onnx", name in FLOAT_COPY)
+        try:
+            plan = build_engine(fl, source, name, profiles, compute_capabilities,
+                                None if fl.rtx else out / TIMING_CACHE)
+        finally:
+            if source.parent == out:  # the DequantizeLinear form is only the builder's input
+                for f in (source, source.with_name(source.name + ".data")):
+                    f.unlink(missing_ok=True)
         path = out / f"{name}.plan"
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(plan)

@@ -13,6 +13,8 @@ import logging
 import os
 from pathlib import Path
 
+import ml_dtypes
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -63,3 +65,64 @@ def quantize_weights(path: Path, weights: str) -> list[Path]:
                     location=data.name, size_threshold=1024)
     os.replace(tmp, path)
     return [path, data]
+
+
+def dequantize_form(model: onnx.ModelProto, to_float: bool = False) -> onnx.ModelProto:
+    """The same weights in the form TensorRT's parser takes: each ``MatMulNBits`` (as :func:`quantize_weights`
+    writes it: symmetric, no zero points, no bias) -> ``DequantizeLinear`` of its int4 / int8 matrix with one scale
+    per block of ``BLOCK`` rows (opset 21's ``block_size``) -> ``MatMul``; ``to_float``: a ``MatMul`` of those values
+    stored as float32. The integers and scales are ONNX Runtime's, so every backend multiplies by the same
+    weights."""
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    stored = {}  # a matrix's integers and scales (or its float32 values), once however many nodes share it
+    for node in list(graph.node):
+        if node.op_type != "MatMulNBits":
+            continue
+        block = node_attributes(node)["block_size"]
+        if node.input[1] not in stored:
+            weight, scale = integers_and_scales(node, inits)
+            stored[node.input[1]] = [as_float(weight, scale, block)] if to_float else [weight, scale]
+            graph.initializer.extend(stored[node.input[1]])
+        names = [t.name for t in stored[node.input[1]]]
+        position = list(graph.node).index(node)
+        graph.node.remove(node)
+        matrix = names[0] if to_float else f"{node.name}_w"
+        graph.node.insert(position, onnx.helper.make_node("MatMul", [node.input[0], matrix], list(node.output),
+                                                          name=node.name))
+        if not to_float:  # one DequantizeLinear per MatMul: TensorRT fuses each into the one MatMul it feeds
+            graph.node.insert(position, onnx.helper.make_node("DequantizeLinear", names, [matrix],
+                                                              name=f"{node.name}_dq", axis=0, block_size=block))
+    used = {name for node in graph.node for name in node.input}
+    for init in [i for i in graph.initializer if i.name not in used]:
+        graph.initializer.remove(init)
+    return model
+
+
+def node_attributes(node: onnx.NodeProto) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def integers_and_scales(node: onnx.NodeProto, inits: dict) -> tuple[onnx.TensorProto, onnx.TensorProto]:
+    """A ``MatMulNBits`` node's matrix as signed integers ``[K, N]`` and their scales ``[blocks, N]``."""
+    if len(node.input) > 3 and any(node.input[3:]):
+        raise ValueError(f"{node.name}: MatMulNBits with zero points, group indices or a bias")
+    attrs = node_attributes(node)
+    k, n, bits = attrs["K"], attrs["N"], attrs["bits"]
+    packed = numpy_helper.to_array(inits[node.input[1]])  # [N, blocks, bytes per block] of unsigned codes
+    scales = numpy_helper.to_array(inits[node.input[2]]).reshape(n, -1)
+    codes = packed.reshape(n, -1)
+    if bits == 4:  # two codes a byte, the first in the low nibble
+        codes = np.stack([codes & 0x0F, codes >> 4], axis=-1).reshape(n, -1)
+    signed = codes[:, :k].astype(np.int16) - (1 << (bits - 1))  # the implied zero point of a symmetric code
+    name = node.input[1]
+    stored = ml_dtypes.int4 if bits == 4 else np.int8
+    weight = numpy_helper.from_array(np.ascontiguousarray(signed.T).astype(stored), f"{name}_q")
+    scale = numpy_helper.from_array(np.ascontiguousarray(scales.T), f"{name}_scale")
+    return weight, scale
+
+
+def as_float(weight: onnx.TensorProto, scale: onnx.TensorProto, block: int) -> onnx.TensorProto:
+    integers, scales = numpy_helper.to_array(weight).astype(np.float32), numpy_helper.to_array(scale)
+    values = integers * np.repeat(scales, block, axis=0)[: integers.shape[0]]
+    return numpy_helper.from_array(values, weight.name.removesuffix("_q") + "_f32")
