@@ -33,8 +33,9 @@ EXPORT_OPTIONS = (
                  help="int8 / int4: every constant matrix of the target's and the drafter's graphs (the heads "
                       "included; not the image decoder) as ONNX Runtime's block-wise MatMulNBits, with no float32 "
                       "copy at run time: a quarter (an eighth) of the weights' memory and bytes streamed per call. "
-                      "Exact modes sample the quantised target's distribution exactly. ONNX Runtime only: the torch "
-                      "backend runs the float32 models, TensorRT refuses it. Needs --precision fp32."),
+                      "Exact modes sample the quantised target's distribution exactly. The torch backend runs the "
+                      "float32 models; --backend tensorrt-rtx builds int4 (the drafter's plan from the same values "
+                      "in float32), TensorRT refuses it. Needs --precision fp32."),
     click.Option(["--drafter-weights"], type=click.Choice(["fp32", "int8", "int4"]), default=None,
                  help="The same for the drafter's graph alone (its layer and the head), the target left float32: "
                       "on a CPU the drafter call streams a quarter (an eighth) of the bytes, and this changes which "
