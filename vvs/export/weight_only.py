@@ -5,7 +5,10 @@ level for a handful of rows, so on a CPU it is bound by memory traffic, the more
 target's forward has evicted the drafter's weights from the caches; int8 weights stream a quarter of the bytes, int4
 an eighth. Accuracy level 4 makes ONNX Runtime multiply int8 activations (quantised per block on the fly) with the
 weights, which is where the time goes away; level 0 dequantises and is slower than float32 here. The drafter only
-proposes, so what this changes is which drafts are proposed, never what an exact mode samples.
+proposes, so what this changes is which drafts are proposed, never what an exact mode samples. Quantising the
+target too (``--weights``) is what lets a 7B target fit the memory users have: exact modes then sample the
+quantised target's distribution. TensorRT cannot parse ``MatMulNBits``: :func:`dequantize_form` writes the same
+integers and scales in the form its parser takes.
 """
 from __future__ import annotations
 
