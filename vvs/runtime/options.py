@@ -129,6 +129,11 @@ class OptionsBase:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def name(self) -> str:
+        """The mode name users type for these options."""
+        return self.mode
+
 
 def check_flags_apply(fields_given, modes: list[str], named: dict[str, dict]) -> None:
     """Refuse a mode-specific option that none of ``modes`` (names users type) reads, instead of ignoring it."""
