@@ -151,12 +151,12 @@ def janus_int8_folder(janus_bundle, tmp_path_factory):
 @pytest.fixture(scope="session")
 def janus_folder(janus_bundle, tmp_path_factory):
     """An engine folder exported from the small Janus bundle, with the official sampling defaults."""
-    from vvs.families.janus_pro.bundle import DECODING_DEFAULTS
+    from vvs.families.janus_pro.family import SAMPLING
     from vvs.families.llamagen.exporter import export_folder
 
     out = tmp_path_factory.mktemp("janus-engines") / "engines-janus"
     small = {"tree_size": 6, "depth": 2, "draft_top_k": 2, "lantern_k": 4}
-    export_folder(janus_bundle, out, decoding_defaults={**DECODING_DEFAULTS, **small}, progress=False)
+    export_folder(janus_bundle, out, decoding_defaults={**SAMPLING, **small}, progress=False)
     return out
 
 
