@@ -25,8 +25,6 @@ TARGET = ("target_prefill", "target_verify")
 # 1.000, int4 0.875 of 64 positions) and on the shipped model (1,024 codes, 8 sampled images, 2,048 positions: int8
 # 0.972, int4 0.889; docs/performance.md); the floors leave room for other hosts' rounding
 TINY_FLOOR = {"int8": 0.95, "int4": 0.75}
-# one worker exports this module's folders (five exports, two of the shipped model), instead of each worker its own
-pytestmark = pytest.mark.xdist_group("weight-only")
 SHIPPED_FLOOR = {"int8": 0.95, "int4": 0.85}
 
 
