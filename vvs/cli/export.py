@@ -66,7 +66,7 @@ def export(model, out, force, backend, compute_capability, max_images, **options
         raise VVSError(f"option --backend {backend}: " + chosen.instead.get(
             backend, f"{chosen.label} folders build {', '.join(chosen.build_backends) or 'no plans'}"))
     if backend != "onnxruntime":  # fail before the export, not after it
-        from vvs.engines.tensorrt_build import BUILDS_WEIGHT_ONLY
+        from vvs.engines.tensorrt_build import BUILDS_WEIGHT_ONLY, check_build_request, parse_compute_capabilities
 
         for name in ("weights", "drafter_weights"):
             value = options.get(name)
@@ -74,8 +74,6 @@ def export(model, out, force, backend, compute_capability, max_images, **options
                 raise VVSError(f"option --{name.replace('_', '-')} {value}: ONNX Runtime's MatMulNBits, which "
                                f"{backend} does not build; export it for --backend onnxruntime, or without it for "
                                f"{backend}" + (" (which takes int4)" if BUILDS_WEIGHT_ONLY[backend] else ""))
-        from vvs.engines.tensorrt_build import check_build_request, parse_compute_capabilities
-
         capabilities = parse_compute_capabilities(compute_capability)
         check_build_request(backend, capabilities)
     own = {name: value for name, value in options.items() if name not in OWNERS or chosen in OWNERS[name]}
