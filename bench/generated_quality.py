@@ -17,7 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from vvs.families.llamagen.bundle import SHIPPED_DIR, load_bundle, shipped_info  # noqa: E402
+from vvs.families.llamagen.bundle import load_bundle  # noqa: E402
+
+from vvs.shipped import SHIPPED_DIR, shipped_info  # noqa: E402
 from vvs.families.llamagen.engines import torch_engines  # noqa: E402
 from vvs.quality import Instruments, top_left_speck_ratio  # noqa: E402
 from vvs.runtime.options import DecodeOptions  # noqa: E402

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from vvs.engines import load_engines  # noqa: E402
-from vvs.families.llamagen.bundle import SHIPPED_DIR, shipped_info  # noqa: E402
+from vvs.shipped import SHIPPED_DIR, shipped_info  # noqa: E402
 from vvs.quality import top_left_speck_ratio  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402
 from vvs.train.data import PHOTOS  # noqa: E402

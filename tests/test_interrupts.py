@@ -245,7 +245,7 @@ def interrupt_once_started(argv: list[str], marker: str) -> tuple[int, str]:
 
 def drafter_data(path: Path) -> Path:
     from vvs.families.llamagen.loading import load_gpt
-    from vvs.families.llamagen.bundle import shipped_path
+    from vvs.shipped import shipped_path
 
     cfg = load_gpt(shipped_path("target")).config
     gen = torch.Generator().manual_seed(0)
@@ -259,7 +259,7 @@ def test_an_interrupted_command_exits_130_and_leaves_nothing_half_written(comman
     """Ctrl-C in the middle of benchmarking, exporting and training: exit 130 with one line and no traceback; the
     export leaves neither the folder nor its staging copy, training neither a half-written checkpoint nor the
     drafter, the benchmark no results (its --out folder, checked for writability first, stays empty)."""
-    from vvs.families.llamagen.bundle import shipped_path
+    from vvs.shipped import shipped_path
 
     out = tmp_path / "out"
     if command == "vvs-bench":

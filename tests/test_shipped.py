@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from vvs.families.llamagen.engines import torch_engines, torch_text_encoder
-from vvs.families.llamagen.bundle import SHIPPED_DIR, load_bundle, shipped_info, shipped_text_encoder
+from vvs.families.llamagen.bundle import load_bundle
+from vvs.shipped import SHIPPED_DIR, shipped_info, shipped_text_encoder
 from vvs.quality import Instruments, top_left_speck_ratio
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
@@ -118,9 +119,9 @@ MAR_GENERATED_BAR = 0.3  # AR samples were classified into their class 62.5 % of
 
 
 def test_mar_weights_match_their_description():
-    from vvs.families.mar.bundle import load_mar_bundle, shipped_mar_info
+    from vvs.families.mar.bundle import load_mar_bundle
 
-    info = shipped_mar_info()
+    info = shipped_info("shipped_mar.json")
     for role, entry in info["files"].items():
         assert sha256(SHIPPED_DIR / entry["file"]) == entry["sha256"], f"{entry['file']} differs from shipped_mar.json"
     bundle = load_mar_bundle()

@@ -267,7 +267,7 @@ def write_results(results: dict, out: Path, sample_images: dict[str, torch.Tenso
 
 def load_instruments(folder: Path, manifest: dict):
     """The shipped model's quality instruments, when the engine folder holds the shipped model (same classes)."""
-    from vvs.families.llamagen.bundle import SHIPPED_DIR, shipped_info
+    from vvs.shipped import SHIPPED_DIR, shipped_info
     from vvs.families.registry import family_of
     from vvs.train.shipped import load_classifier
 

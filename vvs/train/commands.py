@@ -19,7 +19,7 @@ def reproduce_command(name: str, help: str, out: str, vq_help: str, reproduce: s
     @click.option("--vq", type=click.Path(dir_okay=False, exists=True), default=None,
                   help=f"{vq_help} Default: the shipped one.")
     def command(out, seed, vq):
-        from vvs.families.llamagen.bundle import shipped_path
+        from vvs.shipped import shipped_path
         from vvs.output import ensure_writable_dir
 
         module, function = reproduce.split(":")

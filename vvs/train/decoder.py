@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from vvs.engines.manifest import sha256
-from vvs.families.llamagen.bundle import shipped_info
+from vvs.shipped import shipped_info
 from vvs.models.loading import load_vq, save_model
 from vvs.train.classifier import real_crops
 from vvs.families.mar.train import tokenizer_metrics

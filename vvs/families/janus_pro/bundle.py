@@ -7,7 +7,8 @@ from pathlib import Path
 from vvs.errors import VVSError
 from vvs.families.janus_pro.family import SAMPLING
 from vvs.families.janus_pro.loading import load_janus, load_official
-from vvs.families.llamagen.bundle import ModelBundle, shipped_info, shipped_path, with_prompt_slots
+from vvs.families.llamagen.bundle import ModelBundle, with_prompt_slots
+from vvs.shipped import shipped_info, shipped_path
 from vvs.families.llamagen.loading import load_drafter
 from vvs.models.hub import folder_name
 from vvs.models.loading import load_vq

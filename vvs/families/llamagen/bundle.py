@@ -10,14 +10,7 @@ from vvs.families.llamagen.gpt import GPT, gpt_config
 from vvs.families.llamagen.loading import load_drafter, load_gpt
 from vvs.models.loading import load_vq
 from vvs.models.vq import VQModel, vq_config
-
-SHIPPED_DIR = Path(__file__).resolve().parents[2] / "weights"  # the shipped model set, every family's
-SHIPPED = {"target": "target.safetensors", "drafter": "drafter.safetensors", "vq": "vq.safetensors",
-           "t2i_target": "t2i_target.safetensors", "t2i_drafter": "t2i_drafter.safetensors",
-           "text_encoder": "text_encoder/model.safetensors", "janus_target": "janus_target.safetensors",
-           "janus_drafter": "janus_drafter.safetensors", "janus_tokenizer": "janus_tokenizer.json",
-           "lumina_target": "lumina_target.safetensors", "lumina_drafter": "lumina_drafter.safetensors",
-           "lumina_vqgan": "lumina_vqgan.safetensors", "lumina_tokenizer": "lumina_tokenizer.json"}
+from vvs.shipped import shipped_path
 
 
 def with_prompt_slots(target, slots: int | None):
@@ -61,30 +54,6 @@ class ModelBundle:
             f"vq      codebook {v.codebook_size}x{v.codebook_embed_dim}, downsample {v.downsample}, "
             f"{count(self.vq):.2f}M params",
         ])
-
-
-def shipped_info(name: str = "shipped.json") -> dict:
-    """``shipped.json``: configs, classes, licences, metrics and sha256 of the shipped weights
-    (``shipped_t2i.json``: the text-to-image pair's; ``shipped_janus.json``, ``shipped_lumina.json``: the Janus-Pro
-    and Lumina-mGPT pairs')."""
-    import json
-
-    path = SHIPPED_DIR / name
-    if not path.is_file():
-        raise VVSError(f"{path}: missing; reinstall vvs")
-    return json.loads(path.read_text())
-
-
-def shipped_text_encoder() -> Path:
-    """The shipped text-to-image pair's T5 encoder folder (config.json, model.safetensors, tokenizer.json)."""
-    return shipped_path("text_encoder").parent
-
-
-def shipped_path(name: str) -> Path:
-    path = SHIPPED_DIR / SHIPPED[name]
-    if not path.is_file():
-        raise VVSError(f"the shipped {name} weights are missing ({path}); reinstall vvs or pass the file explicitly")
-    return path
 
 
 def load_bundle(

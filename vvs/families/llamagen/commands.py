@@ -32,7 +32,7 @@ def train_all(out, seed):
 @click.option("--start", type=click.Path(dir_okay=False, exists=True), default=None,
               help="The class-conditional target of the same images to start from. Default: the shipped one.")
 def train_t2i_cmd(out, seed, vq, start):
-    from vvs.families.llamagen.bundle import shipped_path
+    from vvs.shipped import shipped_path
     from vvs.output import ensure_writable_dir
     from vvs.families.llamagen.train_t2i import reproduce_t2i
 

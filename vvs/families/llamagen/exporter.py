@@ -280,7 +280,8 @@ def tensorrt_profiles(manifest: dict, name: str, max_images: int) -> list[dict[s
 def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
     """``vvs-export --model llamagen``: the bundle the options name (the shipped model set where they name no
     file), exported into ``out``."""
-    from vvs.families.llamagen.bundle import load_bundle, shipped_info, shipped_text_encoder
+    from vvs.families.llamagen.bundle import load_bundle
+    from vvs.shipped import shipped_info, shipped_text_encoder
 
     o = options
     if o["text_encoder"] and not o["t2i"]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vvs.errors import VVSError
-from vvs.families.llamagen.bundle import ModelBundle, shipped_info, shipped_path, with_prompt_slots
+from vvs.families.llamagen.bundle import ModelBundle, with_prompt_slots
+from vvs.shipped import shipped_info, shipped_path
 from vvs.families.llamagen.loading import load_drafter
 from vvs.families.lumina_mgpt.family import SAMPLING
 from vvs.families.lumina_mgpt.loading import load_lumina, load_official, load_official_vqgan, load_vqgan

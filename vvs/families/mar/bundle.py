@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vvs.errors import VVSError
-from vvs.families.llamagen.bundle import SHIPPED_DIR, shipped_info, shipped_path
 from vvs.families.mar.model import MAR
 from vvs.models.loading import load_vq
+from vvs.shipped import SHIPPED_DIR, shipped_info, shipped_path
 
 
 SHIPPED_MAR = {"target": "mar_target.safetensors", "draft": "mar_draft.safetensors"}
@@ -33,15 +33,6 @@ class MARBundle:
                           f"tokens  {kind} (latents x {self.tokenizer.scale:.4g}), {self.image_size} px images"])
 
 
-def shipped_mar_info() -> dict:
-    import json
-
-    path = SHIPPED_DIR / "shipped_mar.json"
-    if not path.is_file():
-        raise VVSError(f"{path}: missing; reinstall vvs")
-    return json.loads(path.read_text())
-
-
 def load_mar_bundle(checkpoint: str | None = None, config: str | None = None, draft: str | None = None,
                     draft_config: str | None = None, vae: str | None = None, ema: bool = False) -> MARBundle:
     """Target and draft MAR and their tokenizer; with no files given, the shipped pair (the shipped VQ
@@ -52,7 +43,7 @@ def load_mar_bundle(checkpoint: str | None = None, config: str | None = None, dr
     from vvs.families.mar.model import mar_config
 
     if not (checkpoint or draft or vae):
-        info = shipped_mar_info()
+        info = shipped_info("shipped_mar.json")
         target = load_mar(SHIPPED_DIR / SHIPPED_MAR["target"]).float()
         draft_model = load_mar(SHIPPED_DIR / SHIPPED_MAR["draft"]).float()
         tokenizer = VQLatents(load_vq(shipped_path("vq")).float(), info["tokenizer"]["latent_scale"])
