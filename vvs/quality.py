@@ -67,6 +67,19 @@ def feature_stats(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return f.mean(0), torch.cov(f.T)
 
 
+@torch.no_grad()
+def sequence_nll(model: nn.Module, labels: torch.Tensor, tokens: torch.Tensor, batch: int = 32) -> torch.Tensor:
+    """Per-sequence mean negative log-likelihood (nats/token) under the target (its ``teacher_forced``),
+    conditional, no guidance."""
+    out = []
+    for i in range(0, len(tokens), batch):
+        seq = tokens[i : i + batch]
+        logits = model.teacher_forced(labels[i : i + batch], seq[:, :-1]).logits
+        nll = F.cross_entropy(logits.flatten(0, 1), seq.flatten(), reduction="none").view(seq.shape)
+        out.append(nll.mean(1))
+    return torch.cat(out)
+
+
 class Instruments:
     """All three measures for a batch of generated images (and their tokens)."""
 
@@ -78,8 +91,6 @@ class Instruments:
 
     @torch.no_grad()
     def evaluate(self, images: torch.Tensor, tokens: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-        from vvs.families.llamagen.train_target import sequence_nll
-
         feats, preds = [], []
         for i in range(0, len(images), 64):
             f = self.classifier.embed(images[i : i + 64].float())

@@ -44,15 +44,3 @@ def train_target(labels: torch.Tensor, tokens: torch.Tensor, out_dir: Path, seed
 
     train("target", model, step_fn, Schedule(steps=steps, lr=lr, warmup=100, weight_decay=0.05), out_dir, seed)
     return model
-
-
-@torch.no_grad()
-def sequence_nll(model: GPT, labels: torch.Tensor, tokens: torch.Tensor, batch: int = 32) -> torch.Tensor:
-    """Per-sequence mean negative log-likelihood (nats/token) under the target, conditional, no guidance."""
-    out = []
-    for i in range(0, len(tokens), batch):
-        seq = tokens[i : i + batch]
-        logits = model.teacher_forced(labels[i : i + batch], seq[:, :-1]).logits
-        nll = F.cross_entropy(logits.flatten(0, 1), seq.flatten(), reduction="none").view(seq.shape)
-        out.append(nll.mean(1))
-    return torch.cat(out)
