@@ -4,48 +4,88 @@ Every spec axis with a symbolic name is exported dynamic (``Dim.AUTO``, since ``
 as a ``Dim`` expression) and renamed back to the spec's name in the saved model, so that the file documents
 itself. Opset 23: ONNX Runtime 1.31 and TensorRT 11's parser both read it; attention becomes one single-output
 ``Attention`` node whose keys/values are ``past ‖ new`` (no cache update inside, no control flow).
+
+The exporter traces a twin of the module whose parameters live on the meta device, and each weight is read from
+the module (cast, or quantised for a weight-only graph) only as the file is written, one tensor at a time: an
+export holds the module's weights once plus one tensor, where tracing the module itself held about four copies
+(a 7B target's export then needs more than 100 GB).
 """
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import warnings
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnx_ir as ir
 import torch
 from torch.export import Dim
 
 from vvs.export.spec import GraphSpec, sample_inputs
+from vvs.export.weight_only import as_matmul_nbits
+from vvs.models.layers import cast_floating
 
 OPSET = 23
 EXTERNAL_DATA_BYTES = 1 << 30  # larger graphs keep their weights in a side file (protobuf's 2 GiB limit)
 
 
-def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: int, max_position: int) -> list[Path]:
-    """Write ``path`` (and ``path.data`` for large graphs); returns the files written."""
+def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: int, max_position: int,
+                 dtype: torch.dtype | None = None, weights: str | None = None) -> list[Path]:
+    """Write ``path`` (and ``path.data`` for large graphs); returns the files written. ``dtype``: the graph's
+    floating dtype (default the module's, RoPE tables stay float32); ``weights``: "int8" or "int4" writes every
+    constant matrix a MatMul multiplies by as ONNX Runtime's ``MatMulNBits`` (:mod:`vvs.export.weight_only`)."""
     module.requires_grad_(False)  # inference graphs (and fake-quant ops export as Q/DQ only without autograd)
-    args = sample_inputs(spec, vocab, max_position)
+    sources = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers(remove_duplicate=False))}
+    twin = meta_twin(module, dtype)
+    args = tuple(a.to("meta") for a in sample_inputs(spec, vocab, max_position))  # the twin's device
     dynamic = tuple({axis: Dim.AUTO for axis, d in enumerate(t.shape) if isinstance(d, str)} or None
                     for t in spec.inputs)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # e.g. "torchvision is not installed" notices
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(module, args, dynamo=True, opset_version=OPSET, dynamic_shapes=dynamic,
-                                    input_names=spec.input_names, output_names=spec.output_names, verbose=False)
-    model = program.model_proto
-    rename_dims(model, spec)
+        program = torch.onnx.export(twin, args, dynamo=True, opset_version=OPSET, dynamic_shapes=dynamic,
+                                    input_names=spec.input_names, output_names=spec.output_names, verbose=False,
+                                    optimize=False)
+    model = program.model
+    stored_bytes = sum(p.numel() * p.element_size() for p in twin.parameters())
+    if weights is not None:  # before optimising: the matrices' transposes must not be folded into copies
+        as_matmul_nbits(model.graph, lambda name: sources[name].detach().float().numpy(), weights)
+    for name, value in model.graph.initializers.items():
+        if name in sources and getattr(value.const_value, "raw", None) is not None and value.const_value.raw.is_meta:
+            value.const_value = lazy_weight(sources[name], value)
+    program.optimize()
     path.parent.mkdir(parents=True, exist_ok=True)
-    large = sum(p.numel() * p.element_size() for p in module.parameters()) > EXTERNAL_DATA_BYTES
     tmp = path.with_name(path.name + ".tmp")
     data = path.with_name(path.name + ".data")
-    if large:
-        onnx.save_model(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data.name, size_threshold=1024)
-    else:
-        onnx.save_model(model, tmp)
+    large = stored_bytes > EXTERNAL_DATA_BYTES
+    ir.save(program.model, tmp, external_data=data.name if large else None)
+    proto = onnx.load(str(tmp), load_external_data=False)
+    rename_dims(proto, spec)
+    onnx.save_model(proto, tmp)
     os.replace(tmp, path)
     return [path, data] if large else [path]
+
+
+def meta_twin(module: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Module:
+    """``module`` with every parameter and buffer on the meta device, in ``dtype`` when given."""
+    memo = {id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False)
+            for _, p in module.named_parameters(remove_duplicate=False)}
+    memo.update({id(b): torch.empty_like(b, device="meta") for _, b in module.named_buffers(remove_duplicate=False)})
+    twin = copy.deepcopy(module, memo)
+    return twin if dtype is None else cast_floating(twin, dtype)
+
+
+def lazy_weight(source: torch.Tensor, value: ir.Value) -> ir.LazyTensor:
+    """``source`` in the dtype the graph stores it in, computed when the file is written."""
+    def tensor() -> ir.Tensor:
+        array = source.detach()
+        array = array.float().numpy().astype(value.dtype.numpy()) if array.is_floating_point() else array.numpy()
+        return ir.Tensor(np.ascontiguousarray(array), name=value.name)
+
+    return ir.LazyTensor(tensor, dtype=value.dtype, shape=value.shape, name=value.name)
 
 
 def rename_dims(model: onnx.ModelProto, spec: GraphSpec) -> None:

@@ -14,16 +14,82 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import onnx
+import onnx_ir as ir
 from onnx import numpy_helper
+from onnx_ir import convenience
 
 BITS = {"int8": 8, "int4": 4}  # by the name an engine folder records
 BLOCK = 32
 ACCURACY_LEVEL = 4  # int8 activations times int8 weights
+
+
+def as_matmul_nbits(graph: ir.Graph, read: Callable[[str], np.ndarray], weights: str) -> None:
+    """Rewrite each MatMul of ``graph`` by a constant matrix -- an initialiser ``[K, N]``, or the transpose of one
+    ``[N, K]``, as torch's exporter writes a Linear -- as ``MatMulNBits`` of ``weights`` (a :data:`BITS` name).
+    ``read(name)`` gives an initialiser's float32 values; it is called only as the file is written, once per
+    matrix, so the graph never holds more than one matrix's floats."""
+    bits = BITS[weights]
+    quantised: dict[str, tuple[ir.Value, ir.Value, int, int]] = {}
+    for node in list(graph):
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+            continue
+        source = node.inputs[1]
+        transpose = source.producer()
+        transposed = (transpose is not None and transpose.op_type == "Transpose"
+                      and list(transpose.attributes.get_ints("perm", [1, 0])) == [1, 0])
+        matrix = transpose.inputs[0] if transposed else source
+        if not (matrix.is_initializer() and matrix.shape is not None and len(matrix.shape) == 2):
+            continue
+        if matrix.name not in quantised:
+            quantised[matrix.name] = _packed(graph, matrix, read, bits, transposed)
+        packed, scales, k, n = quantised[matrix.name]
+        attributes = [ir.AttrInt64(key, value) for key, value in
+                      (("K", k), ("N", n), ("bits", bits), ("block_size", BLOCK), ("accuracy_level", ACCURACY_LEVEL))]
+        new = ir.Node("com.microsoft", "MatMulNBits", [node.inputs[0], packed, scales], attributes, name=node.name)
+        convenience.replace_nodes_and_values(graph, node, [node], [new], node.outputs, new.outputs)
+        if transposed and not transpose.outputs[0].uses():
+            graph.remove(transpose, safe=True)
+    for name in quantised:
+        if not graph.initializers[name].uses():
+            graph.initializers.pop(name)
+    graph.opset_imports.setdefault("com.microsoft", 1)
+
+
+def _packed(graph: ir.Graph, matrix: ir.Value, read, bits: int, transposed: bool) -> tuple[ir.Value, ir.Value, int, int]:
+    """Initialisers of ``matrix`` as ONNX Runtime's block-wise symmetric codes ``[N, blocks, bytes]`` and scales
+    ``[N, blocks]``, computed together when the first of them is written."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
+
+    n, k = matrix.shape if transposed else reversed(matrix.shape)
+    blocks = -(-k // BLOCK)
+    shapes = {"codes": (n, blocks, BLOCK * bits // 8), "scales": (n, blocks)}
+    done: dict[str, np.ndarray] = {}
+
+    def quantise(part: str) -> ir.Tensor:
+        if part not in done:
+            values = read(matrix.name)
+            values = np.ascontiguousarray(values.T if transposed else values, dtype=np.float32)  # [K, N]
+            values = np.pad(values, ((0, blocks * BLOCK - k), (0, 0)))
+            done["codes"] = np.zeros(shapes["codes"], np.uint8)
+            done["scales"] = np.zeros(shapes["scales"], np.float32)
+            (quantize_matmul_4bits if bits == 4 else quantize_matmul_8bits)(
+                done["codes"], values, done["scales"], np.zeros((n, blocks), np.uint8), BLOCK, n, k, True)
+        return ir.Tensor(done.pop(part), name=f"{matrix.name}_Q{bits}_{part}")
+
+    values = []
+    for part, dtype in (("codes", ir.DataType.UINT8), ("scales", ir.DataType.FLOAT)):
+        lazy = ir.LazyTensor(lambda part=part: quantise(part), dtype=dtype, shape=ir.Shape(shapes[part]),
+                             name=f"{matrix.name}_Q{bits}_{part}")
+        value = ir.Value(name=lazy.name, shape=lazy.shape, type=ir.TensorType(dtype), const_value=lazy)
+        graph.register_initializer(value)
+        values.append(value)
+    return values[0], values[1], k, n
 
 
 def fold_weight_transposes(model: onnx.ModelProto) -> None:
