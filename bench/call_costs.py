@@ -32,17 +32,17 @@ SHAPES = [TreeShape(4, 2, 1), TreeShape(59, 4, 10)]  # the chain --tune picks on
 
 
 def export_random(size: str, vocab: int, folder: Path, drafter_weights: str = "fp32") -> None:
-    from vvs.families.llamagen.exporter import export_folder
+    from vvs.discrete.exporter import export_folder
     from vvs.families.llamagen.gpt import GPT, gpt_config
     from vvs.models.vq import VQModel, vq_config
-    from vvs.families.llamagen.bundle import ModelBundle
-    from vvs.families.llamagen.drafter import Drafter, DrafterConfig
+    from vvs.discrete.bundle import ModelBundle
+    from vvs.discrete.drafter import Drafter, DrafterConfig
 
     torch.manual_seed(0)
     target = GPT(gpt_config(size, vocab_size=vocab)).eval()
     drafter = Drafter(DrafterConfig.for_target(target.config), target.config).eval()
     vq = VQModel(vq_config("VQ-tiny", codebook_size=vocab)).eval()  # decoding pixels is not measured here
-    export_folder(ModelBundle(target, drafter, vq), folder, force=True, drafter_weights=drafter_weights,
+    export_folder(ModelBundle(target, drafter, vq, "llamagen"), folder, force=True, drafter_weights=drafter_weights,
                   decoding_defaults=dict(zip(("tree_size", "depth", "draft_top_k"), SHAPES[0])))
 
 

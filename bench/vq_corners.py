@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from vvs.families.llamagen.engines import torch_engines  # noqa: E402
+from vvs.discrete.engines import torch_engines  # noqa: E402
 from vvs.families.llamagen.bundle import load_bundle  # noqa: E402
 from vvs.shipped import shipped_info, shipped_path  # noqa: E402
 from vvs.models.loading import load_vq  # noqa: E402

@@ -24,8 +24,8 @@ import torch  # noqa: E402
 from vvs.export.onnx_export import export_graph  # noqa: E402
 from vvs.export.weight_only import quantize_weights  # noqa: E402
 from vvs.families.llamagen.gpt import GPT, gpt_config  # noqa: E402
-from vvs.families.llamagen.graphs import TargetVerify, graph_specs  # noqa: E402
-from vvs.families.llamagen.drafter import DrafterConfig  # noqa: E402
+from vvs.discrete.graphs import TargetVerify, graph_specs  # noqa: E402
+from vvs.discrete.drafter import DrafterConfig  # noqa: E402
 from vvs.models.vq import vq_config  # noqa: E402
 from vvs.runtime.options import TreeShape  # noqa: E402
 

@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from vvs.families.llamagen.engines import torch_engines
+from vvs.discrete.engines import torch_engines
 from vvs.families.llamagen.gpt import GPT, gpt_config
 from vvs.models.vq import VQModel, vq_config
-from vvs.families.llamagen.bundle import ModelBundle
+from vvs.discrete.bundle import ModelBundle
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
-from vvs.families.llamagen.train_drafter import train_drafter
+from vvs.discrete.train_drafter import train_drafter
 
 TINY_CLASSES = ["tench", "goldfish", "great white shark", "tiger shark", "hammerhead", "electric ray", "stingray",
                 "cock", "hen", "ostrich"]  # the tiny c2i folder's class names (ImageNet's first ten)
@@ -45,7 +45,7 @@ def small_bundle(tmp: Path, vocab=16, grid=4, seed=0, model_type="c2i") -> Model
             logits = target.teacher_forced(conditions, tokens).logits[:, -1]
             tokens = torch.cat([tokens, torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)], 1)
     drafter = train_drafter(target, conditions, tokens, tmp, seed, steps=120, batch=16, lr=3e-3)
-    return ModelBundle(target, drafter, vq)
+    return ModelBundle(target, drafter, vq, "llamagen")
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +72,7 @@ def pipeline_factory(bundle_factory):
 @pytest.fixture(scope="session")
 def tiny_folder(bundle_factory, tmp_path_factory):
     """An engine folder exported from the small random bundle."""
-    from vvs.families.llamagen.exporter import export_folder
+    from vvs.discrete.exporter import export_folder
 
     out = tmp_path_factory.mktemp("engines") / "tiny"
     export_folder(bundle_factory(), out, decoding_defaults=SMALL, progress=False,
@@ -118,7 +118,7 @@ def t5_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def text_folder(bundle_factory, t5_dir, tmp_path_factory):
     """The small t2i engine folder exported with the encoder (3 caption slots, 8 wide)."""
-    from vvs.families.llamagen.exporter import export_folder
+    from vvs.discrete.exporter import export_folder
     from vvs.text.export import load_text_encoder
 
     out = tmp_path_factory.mktemp("engines") / "t2i"
@@ -141,7 +141,7 @@ JANUS_PROMPTS = ["a red cat", "a big dog at the river", "a tree"]  # within the 
 @pytest.fixture(scope="session")
 def janus_int8_folder(janus_bundle, tmp_path_factory):
     """The small Janus bundle exported as SmoothQuant W8A8 (+ fp16), calibrated on its own ar samples."""
-    from vvs.families.llamagen.exporter import export_folder
+    from vvs.discrete.exporter import export_folder
 
     out = tmp_path_factory.mktemp("janus-int8") / "engines-janus-int8"
     export_folder(janus_bundle, out, precision="int8", decoding_defaults=SMALL, progress=False)
@@ -152,7 +152,7 @@ def janus_int8_folder(janus_bundle, tmp_path_factory):
 def janus_folder(janus_bundle, tmp_path_factory):
     """An engine folder exported from the small Janus bundle, with the official sampling defaults."""
     from vvs.families.janus_pro.family import SAMPLING
-    from vvs.families.llamagen.exporter import export_folder
+    from vvs.discrete.exporter import export_folder
 
     out = tmp_path_factory.mktemp("janus-engines") / "engines-janus"
     small = {"tree_size": 6, "depth": 2, "draft_top_k": 2, "lantern_k": 4}
@@ -186,7 +186,7 @@ def lumina_bundle(lumina_official):
 @pytest.fixture(scope="session")
 def lumina_int8_folder(lumina_bundle, tmp_path_factory):
     """The Lumina-mGPT stand-in exported with --precision int8 (shared by the TensorRT-RTX build and ORT tests)."""
-    from vvs.families.llamagen.exporter import export_folder
+    from vvs.discrete.exporter import export_folder
 
     out = tmp_path_factory.mktemp("lumina-int8") / "engines-lumina-int8"
     export_folder(lumina_bundle, out, precision="int8", decoding_defaults=dict(SMALL, cfg_scale=3.0), progress=False)
@@ -196,7 +196,7 @@ def lumina_int8_folder(lumina_bundle, tmp_path_factory):
 @pytest.fixture(scope="session")
 def lumina_folder(lumina_bundle, tmp_path_factory):
     """The Lumina-mGPT stand-in exported in fp32 with a small tree and guidance 3."""
-    from vvs.families.llamagen.exporter import export_folder
+    from vvs.discrete.exporter import export_folder
 
     out = tmp_path_factory.mktemp("lumina-engines") / "engines-lumina"
     export_folder(lumina_bundle, out, decoding_defaults=dict(SMALL, cfg_scale=3.0), progress=False)
@@ -206,7 +206,7 @@ def lumina_folder(lumina_bundle, tmp_path_factory):
 @pytest.fixture(scope="session")
 def lumina_fp16_folder(lumina_bundle, tmp_path_factory):
     """The Lumina-mGPT stand-in exported with --precision fp16."""
-    from vvs.families.llamagen.exporter import export_folder
+    from vvs.discrete.exporter import export_folder
 
     out = tmp_path_factory.mktemp("lumina-fp16") / "engines-lumina-fp16"
     export_folder(lumina_bundle, out, precision="fp16", decoding_defaults=dict(SMALL, cfg_scale=3.0), progress=False)

@@ -117,8 +117,8 @@ def small_janus_bundle(tmp: Path, seed: int = 0):
     own samples for the prompts of :data:`WORDS`, so that drafts get accepted."""
     from vvs.families.janus_pro.model import JanusGen, janus_config
     from vvs.families.janus_pro.prompts import PromptIds
-    from vvs.families.llamagen.bundle import ModelBundle
-    from vvs.families.llamagen.train_drafter import train_drafter
+    from vvs.discrete.bundle import ModelBundle
+    from vvs.discrete.train_drafter import train_drafter
     from vvs.models.layers import caption_causal_mask
 
     torch.manual_seed(seed)

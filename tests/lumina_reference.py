@@ -133,7 +133,7 @@ def write_tokenizer_folder(folder: Path, seed: int = 0) -> Path:
 def random_drafter(target, seed: int = 0):
     """An EAGLE drafter of the target's layer kind with random weights and the target's embedding table: every mode
     runs; drafts are rarely accepted, which does not matter to where forced tokens stand."""
-    from vvs.families.llamagen.drafter import Drafter, DrafterConfig
+    from vvs.discrete.drafter import Drafter, DrafterConfig
 
     torch.manual_seed(seed)
     drafter = Drafter(DrafterConfig.for_target(target.config), target.config).eval()
@@ -188,9 +188,9 @@ def tiny_lumina_bundle(tmp: Path, seed: int = 0, **sizes):
     has structure), a word-level tokenizer numbering the instruction's words, a small VQGAN, and a drafter of
     Chameleon layers trained briefly on the target's own guided samples, so that drafts get accepted: small enough
     for thousands of images. ``sizes`` override Lumina-tiny's."""
-    from vvs.families.llamagen.bundle import ModelBundle
-    from vvs.families.llamagen.engines import torch_engines
-    from vvs.families.llamagen.train_drafter import train_drafter
+    from vvs.discrete.bundle import ModelBundle
+    from vvs.discrete.engines import torch_engines
+    from vvs.discrete.train_drafter import train_drafter
     from vvs.families.lumina_mgpt.model import ChameleonGen, lumina_config
     from vvs.families.lumina_mgpt.prompts import PromptIds, null
     from vvs.families.lumina_mgpt.vqgan import ChameleonVQGAN, VQGANConfig

@@ -23,7 +23,7 @@ from vvs.cli.train import main as train_main
 from vvs.engines import load_engines
 from vvs.engines.manifest import EngineFolderError
 from vvs.errors import VVSError
-from vvs.families.llamagen.exporter import export_folder
+from vvs.discrete.exporter import export_folder
 from vvs.runtime.options import DecodeOptions, OptionsError
 from vvs.runtime.pipeline import Pipeline
 
@@ -291,9 +291,9 @@ def test_export_into_the_current_folder_is_refused(tmp_path, capsys, monkeypatch
     (["--compute-capability", "8.9"], "option --compute-capability: needs --backend tensorrt-rtx"),
 ])
 def test_export_refuses_bad_build_options_before_exporting(tmp_path, capsys, monkeypatch, args, message):
-    import vvs.families.llamagen.exporter
+    import vvs.discrete.exporter
 
-    monkeypatch.setattr(vvs.families.llamagen.exporter, "export_folder", lambda *a, **k: pytest.fail("exported first"))
+    monkeypatch.setattr(vvs.discrete.exporter, "export_folder", lambda *a, **k: pytest.fail("exported first"))
     code, _, err = run_cli(export_main, ["--out", tmp_path / "engines", *args], capsys, monkeypatch)
     assert message in one_line_error(code, err, "vvs-export")
     assert list(tmp_path.iterdir()) == []
@@ -302,7 +302,7 @@ def test_export_refuses_bad_build_options_before_exporting(tmp_path, capsys, mon
 def test_export_onto_a_full_disk_changes_nothing(bundle_factory, tiny_folder, tmp_path, monkeypatch):
     import errno
 
-    import vvs.families.llamagen.exporter as exporter
+    import vvs.discrete.exporter as exporter
 
     eng = tmp_path / "engines"
     shutil.copytree(tiny_folder, eng)

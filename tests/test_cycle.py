@@ -7,8 +7,8 @@ import torch
 
 from conftest import SMALL
 from reference_tree import ReferenceDrafter
-from vvs.families.llamagen.engines import torch_engines
-from vvs.families.llamagen.graphs import DrafterStep, Proposer
+from vvs.discrete.engines import torch_engines
+from vvs.discrete.graphs import DrafterStep, Proposer
 from vvs.runtime.cache import KVCache, RowLayout
 from vvs.runtime.captured import CapturedCycle
 from vvs.runtime.decode import Decoding

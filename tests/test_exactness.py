@@ -104,7 +104,7 @@ JANUS_IMAGES = IMAGES // 2
 @pytest.fixture(scope="module")
 def janus_pipe(janus_bundle):
     from tests.conftest import SMALL
-    from vvs.families.llamagen.engines import torch_engines
+    from vvs.discrete.engines import torch_engines
     from vvs.runtime.options import DecodeOptions
     from vvs.runtime.pipeline import Pipeline
 
@@ -147,7 +147,7 @@ LUMINA_PROMPT = "a red bird on the hill"
 def lumina_pipe(tmp_path_factory):
     from tests.conftest import SMALL
     from tests.lumina_reference import tiny_lumina_bundle
-    from vvs.families.llamagen.engines import torch_engines
+    from vvs.discrete.engines import torch_engines
     from vvs.runtime.options import DecodeOptions
     from vvs.runtime.pipeline import Pipeline
 

@@ -82,7 +82,7 @@ def test_every_family_is_one_package_and_its_entry_points_resolve():
         assert (VVS / "families" / name.replace("-", "_") / "family.py").is_file()
         for field in ENTRY_POINTS:
             if getattr(family, field) is not None:
-                assert getattr(family, field).startswith(("vvs.families.", "vvs.runtime.", "vvs.tune")), field
+                assert getattr(family, field).startswith(("vvs.families.", "vvs.discrete.", "vvs.runtime.", "vvs.tune")), field
                 assert callable(family.entry(field)), (name, field)
         for model in family.model_configs:
             assert isinstance(family.config_class(model), type)

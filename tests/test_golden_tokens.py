@@ -44,7 +44,7 @@ def recorded_threads():
 def c2i_pipeline():
     from vvs.families.llamagen.bundle import load_bundle
     from vvs.shipped import shipped_info
-    from vvs.families.llamagen.engines import torch_engines
+    from vvs.discrete.engines import torch_engines
     from vvs.runtime.options import DecodeOptions
     from vvs.runtime.pipeline import Pipeline
 
@@ -55,7 +55,7 @@ def c2i_pipeline():
 def t2i_pipeline():
     from vvs.families.llamagen.bundle import load_bundle
     from vvs.shipped import shipped_info, shipped_text_encoder
-    from vvs.families.llamagen.engines import torch_engines, torch_text_encoder
+    from vvs.discrete.engines import torch_engines, torch_text_encoder
     from vvs.runtime.options import DecodeOptions
     from vvs.runtime.pipeline import Pipeline
 

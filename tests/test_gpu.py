@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vvs.engines.cuda_graphs import GraphedEngine, capture_graphs
-from vvs.families.llamagen.engines import torch_engines
+from vvs.discrete.engines import torch_engines
 from vvs.export.spec import sample_inputs
 from vvs.runtime.pipeline import Pipeline
 

@@ -6,7 +6,7 @@ from onnx import numpy_helper
 
 from conftest import JANUS_PROMPTS, SMALL
 from vvs.engines import load_engines
-from vvs.families.llamagen.exporter import export_folder
+from vvs.discrete.exporter import export_folder
 from vvs.runtime.options import DecodeOptions
 
 
@@ -61,7 +61,7 @@ def test_int8_logits_close_to_fp32(quantized):
     series in these models, so logits move by a few percent of their range. 5% of the largest logit, with ≥ 90%
     top-1 agreement, bounds that; a wrong scale, a uint8 zero point or a missing SmoothQuant compensation gives
     errors of order 100%."""
-    from vvs.families.llamagen.engines import torch_engines
+    from vvs.discrete.engines import torch_engines
     from vvs.runtime.pipeline import Pipeline
 
     bundle, int8_folder, _, _ = quantized

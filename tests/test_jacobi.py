@@ -125,14 +125,14 @@ def test_a_folder_without_a_drafter_runs_the_window_modes(bundle_factory, tmp_pa
     """Exported without a drafter: no draft_tree graph and no drafter weights; ONNX Runtime and torch open it, ar
     and the window modes run (greedy tokens equal across backends), and a drafter mode is one clear error."""
     from vvs.engines import load_engines
-    from vvs.families.llamagen.bundle import ModelBundle
-    from vvs.families.llamagen.exporter import export_folder
+    from vvs.discrete.bundle import ModelBundle
+    from vvs.discrete.exporter import export_folder
     from vvs.runtime.options import OptionsError
     from vvs.runtime.pipeline import Pipeline
 
     b = bundle_factory()
-    manifest = export_folder(ModelBundle(b.target, None, b.vq), tmp_path / "f", decoding_defaults=dict(mode="vvs", top_k=0),
-                             progress=False)
+    manifest = export_folder(ModelBundle(b.target, None, b.vq, b.family), tmp_path / "f",
+                             decoding_defaults=dict(mode="vvs", top_k=0), progress=False)
     assert "draft_tree" not in manifest["graphs"] and "drafter" not in manifest["model"]
     assert manifest["decoding_defaults"]["mode"] == "sjd-pac"  # the best exact mode that needs no drafter
     assert not any("drafter" in name for name in manifest["files"])

@@ -123,7 +123,7 @@ def bundle(official):
     """The official folder's target and VQ with a random drafter of the target's width (an untrained drafter:
     speculative modes accept little, exact ones must still give the target's tokens)."""
     from vvs.families.janus_pro.bundle import load_bundle
-    from vvs.families.llamagen.drafter import Drafter, DrafterConfig
+    from vvs.discrete.drafter import Drafter, DrafterConfig
     from vvs.models.loading import save_model
 
     folder, target, _ = official
@@ -142,7 +142,7 @@ PROMPTS = ["a red cat on the hill", "a big dog", "a photo of a small green tree 
 def test_greedy_tokens_equal_transformers_generate(reference, bundle):
     """vvs's ar mode through the shared loop (left-padded batch of three prompt lengths, guidance 5) against
     transformers' image generation, one prompt at a time (unpadded), token for token."""
-    from vvs.families.llamagen.engines import torch_engines
+    from vvs.discrete.engines import torch_engines
     from vvs.runtime.options import DecodeOptions
     from vvs.runtime.pipeline import Pipeline
 
@@ -160,7 +160,7 @@ def test_greedy_tokens_equal_transformers_generate(reference, bundle):
 @torch.no_grad()
 def test_speculative_modes_run_a_janus_target(bundle):
     """Greedy sd (exact) gives ar's tokens; vvs and the drafter-free sjd-pac decode to the end."""
-    from vvs.families.llamagen.engines import torch_engines
+    from vvs.discrete.engines import torch_engines
     from vvs.runtime.options import DecodeOptions
     from vvs.runtime.pipeline import Pipeline
 
@@ -184,7 +184,7 @@ def test_an_exported_folder_decodes_as_the_torch_modules_on_onnxruntime(janus_bu
     import json
 
     from vvs.engines import load_engines
-    from vvs.families.llamagen.engines import torch_engines
+    from vvs.discrete.engines import torch_engines
     from vvs.runtime.pipeline import Pipeline
 
     manifest = json.loads((janus_folder / "manifest.json").read_text())
@@ -238,7 +238,7 @@ def test_cli_exports_an_official_folder_and_runs_prompts(official, tmp_path, cap
 def test_the_drafter_mixes_guidance_after_janus_mlp_head(bundle):
     """Guidance is linear but Janus-Pro's head is not: the drafter scores each row, then mixes the logits (mixing
     the hidden states first, right for LlamaGen's linear head, gives other candidates here)."""
-    from vvs.families.llamagen.graphs import Proposer
+    from vvs.discrete.graphs import Proposer
     from vvs.runtime.sampling import cfg_matrix, mix
 
     head = bundle.target.head
@@ -258,7 +258,7 @@ def test_the_drafter_mixes_guidance_after_janus_mlp_head(bundle):
 def test_an_image_does_not_depend_on_the_rest_of_its_batch(bundle):
     """Batch invariance with prompts of different lengths (different padding): a prompt's image from a batch of
     three equals its image alone with the same seed, sampled sd and vvs; and under continuous batching."""
-    from vvs.families.llamagen.engines import torch_engines
+    from vvs.discrete.engines import torch_engines
     from vvs.runtime.options import DecodeOptions
     from vvs.runtime.pipeline import Pipeline
 

@@ -139,8 +139,8 @@ def test_a_transformers_folder_computes_transformers_generation_path(reference, 
 def test_greedy_ar_tokens_are_the_same_from_either_layout(reference, layouts):
     """vvs's ar (guidance 5, a left-padded batch of three prompt lengths) gives the same tokens from both folders,
     and transformers' ``generate(..., generation_mode="image")`` gives them too."""
-    from vvs.families.llamagen.bundle import ModelBundle
-    from vvs.families.llamagen.engines import torch_engines
+    from vvs.discrete.bundle import ModelBundle
+    from vvs.discrete.engines import torch_engines
     from vvs.runtime.options import DecodeOptions
     from vvs.runtime.pipeline import Pipeline
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from vvs.families.llamagen.engines import torch_engines
+from vvs.discrete.engines import torch_engines
 from vvs.families.lumina_mgpt.prompts import PromptIds
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
@@ -121,7 +121,7 @@ def test_lanterns_lumina_drafter_folder_loads_strictly_as_a_chameleon_layer(bund
     from transformers import ChameleonConfig
     from transformers.models.chameleon.modeling_chameleon import ChameleonDecoderLayer
 
-    from vvs.families.llamagen.loading import load_drafter
+    from vvs.discrete.loading import load_drafter
     from vvs.models.layers import causal_mask
     from vvs.models.loading import CheckpointError
 
@@ -221,7 +221,7 @@ def test_vvs_train_lumina_drafter_on_an_official_folder(official, bundle, tmp_pa
 
     from tests.conftest import run_cli
     from vvs.cli.train import main as train
-    from vvs.families.llamagen.loading import load_drafter
+    from vvs.discrete.loading import load_drafter
 
     folder, tokenizer_dir, _ = official
     data = tmp_path / "codes.npz"
@@ -278,7 +278,7 @@ def test_the_fp16_verify_graph_is_within_half_precision_error(with_drafter, tmp_
 
     from vvs.export.onnx_export import export_graph
     from vvs.export.spec import sample_inputs
-    from vvs.families.llamagen.graphs import build_graphs, graph_specs
+    from vvs.discrete.graphs import build_graphs, graph_specs
     from vvs.models.layers import cast_floating
 
     cfg, tree = with_drafter.target.config, DecodeOptions(**SMALL_TREE).tree

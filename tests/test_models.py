@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from vvs.families.llamagen.drafter import Drafter, DrafterConfig
+from vvs.discrete.drafter import Drafter, DrafterConfig
 from vvs.families.llamagen.gpt import GPT, gpt_config
 from vvs.models.layers import causal_mask
 from vvs.models.layers import Rotary, apply_rope, rope_2d_table

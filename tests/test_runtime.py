@@ -44,7 +44,7 @@ def test_greedy_sd_equals_ar_for_text_conditioning(pipeline_factory):
 def test_float32_captions_run_on_half_precision_engines(bundle_factory):
     """An fp16 folder's graphs take fp16 captions; the float32 captions a caller (or the text encoder) gives are
     cast, so they decode exactly as the same captions given in fp16 (they failed the graphs' dtype check before)."""
-    from vvs.families.llamagen.engines import torch_engines
+    from vvs.discrete.engines import torch_engines
 
     pipe = Pipeline(torch_engines(bundle_factory(model_type="t2i"), dtype=torch.float16), DecodeOptions(**SMALL))
     captions = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))

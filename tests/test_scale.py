@@ -9,8 +9,8 @@ import torch
 from conftest import SMALL, run_cli
 from reference_accept import walk_accept
 from vvs.engines import load_engines
-from vvs.families.llamagen.engines import torch_engines
-from vvs.families.llamagen.graphs import Proposer
+from vvs.discrete.engines import torch_engines
+from vvs.discrete.graphs import Proposer
 from vvs.families.llamagen.bundle import load_bundle
 from vvs.models.layers import causal_mask
 from vvs.families.llamagen.inflate import inflate_bundle, inflated_config
@@ -278,7 +278,7 @@ def test_a_size_that_does_not_fit_runs_at_the_deepest_depth_that_does():
     whose copies fit 80 % of the memory, never below the source's; none fits: None."""
     from vvs.families.janus_pro.inflate import inflated_config as janus_inflated
     from vvs.families.janus_pro.model import JanusGen, janus_config
-    from vvs.families.llamagen.scale import FOLDER_COPIES, fitting_depth, total_parameters
+    from vvs.discrete.scale import FOLDER_COPIES, fitting_depth, total_parameters
 
     full = janus_inflated(janus_config("Janus-vvs-S"), "Janus-Pro-7B")
     assert full.n_layer == 30

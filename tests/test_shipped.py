@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vvs.families.llamagen.engines import torch_engines, torch_text_encoder
+from vvs.discrete.engines import torch_engines, torch_text_encoder
 from vvs.families.llamagen.bundle import load_bundle
 from vvs.shipped import SHIPPED_DIR, shipped_info, shipped_text_encoder
 from vvs.quality import Instruments, top_left_speck_ratio

@@ -13,10 +13,10 @@ from conftest import SMALL
 from vvs.engines import load_engines
 from vvs.engines.buckets import buckets
 from vvs.engines.manifest import EngineFolderError, graph_spec, read_manifest
-from vvs.families.llamagen.engines import load_tensorrt
+from vvs.discrete.engines import load_tensorrt
 from vvs.engines.tensorrt_build import BuildError, build_folder, shape_ranges
 from vvs.errors import VVSError
-from vvs.families.llamagen.exporter import export_folder
+from vvs.discrete.exporter import export_folder
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
 

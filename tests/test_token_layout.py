@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.exactness import conditionals, pit_pvalues
-from vvs.families.llamagen.engines import torch_engines
+from vvs.discrete.engines import torch_engines
 from vvs.runtime.conditions import TokenLayout
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline

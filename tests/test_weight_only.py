@@ -31,7 +31,7 @@ SHIPPED_FLOOR = {"int8": 0.95, "int4": 0.85}
 @pytest.fixture(scope="module")
 def folders(bundle_factory, tiny_folder, tmp_path_factory):
     """The small random bundle exported once per weight-only precision, and its float32 folder."""
-    from vvs.families.llamagen.exporter import export_folder
+    from vvs.discrete.exporter import export_folder
 
     root = tmp_path_factory.mktemp("weight-only")
     out = {"fp32": tiny_folder}
@@ -128,7 +128,7 @@ def shipped_folders(tmp_path_factory):
     """The shipped model (1,024 codes) exported at each precision, as ``vvs-export --weights W`` does."""
     from vvs.families.llamagen.bundle import load_bundle
     from vvs.shipped import shipped_info
-    from vvs.families.llamagen.exporter import export_folder
+    from vvs.discrete.exporter import export_folder
 
     bundle, root = load_bundle(), tmp_path_factory.mktemp("shipped-weights")
     folders = {}
@@ -275,7 +275,7 @@ def test_a_scale_folder_keeps_the_sources_weights(folders, tmp_path):
     """``vvs-bench --scale`` of an int4 folder exports its inflated folder int4 too, says so, and decodes the
     source's greedy tokens in an exact mode (the inflation computes the same function; int4's blocks of the
     inflated matrices hold the same values padded with zeros, so the rounding is the same)."""
-    from vvs.families.llamagen.scale import describe, scale_folder
+    from vvs.discrete.scale import describe, scale_folder
 
     source = tmp_path / "engines"
     shutil.copytree(folders["int4"], source)

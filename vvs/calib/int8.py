@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 if TYPE_CHECKING:
-    from vvs.families.llamagen.bundle import ModelBundle
+    from vvs.discrete.bundle import ModelBundle
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,7 @@
-"""What a discrete-token target architecture gives the LlamaGen machinery (graphs, exporter, engine sets), so
-that one exporter and one loop serve every such family: LlamaGen's GPT here, Janus-Pro's generation path in
-:mod:`vvs.families.janus_pro.arch`. A family names its record in its registry entry (``Family.target_arch``).
-
-A target module offers ``config`` (``vocab_size``, ``sampled_ids``, ``cls_token_num``, ``num_image_tokens``,
-``max_positions``, ``grid_size``, ``dim``, ``n_layer``, ``n_head``, ``head_dim``, ``ffn_hidden``,
-``condition_input(act)``, ``rotary()``), ``forward(tokens= | condition=, position_ids, mask, past_kv)`` returning
-:class:`~vvs.families.llamagen.gpt.GPTOutput`, ``teacher_forced``, ``head`` and ``embedding_table()``.
+"""What a discrete-token family's target architecture gives the shared machinery (graphs, exporter, engine sets,
+calibration, ``vvs-bench --scale``), so that one exporter and one loop serve every such family. A family names its
+record in its registry entry (``Family.target_arch``); the machinery finds it from a bundle's family or a
+manifest's. The target module itself meets :class:`vvs.discrete.target.DiscreteTarget`.
 """
 from __future__ import annotations
 
@@ -17,9 +13,7 @@ import torch
 from torch import nn
 
 from vvs.calib.int8 import Int8Layout
-from vvs.families.llamagen.conditions import conditioning
-from vvs.families.llamagen.gpt import GPT, GPTConfig, sample_ar
-from vvs.families.llamagen.loading import load_gpt
+from vvs.discrete.target import DiscreteTarget
 from vvs.models.loading import load_vq
 
 
@@ -28,7 +22,7 @@ class TargetArch:
     family: str  # the manifest's model.family
     kind: str  # the kind recorded in the target's vvs safetensors file
     config: type  # its config dataclass
-    load: Callable[[Path], nn.Module]  # a vvs target file -> the target, in eval mode
+    load: Callable[[Path], DiscreteTarget]  # a vvs target file -> the target, in eval mode
     # (config, tables, manifest's "model" entry, the folder's or bundle's text tokenizer) -> its Conditioning;
     # tables holds a t2i target's "null_condition"
     conditioning: Callable[..., object]
@@ -46,19 +40,6 @@ class TargetArch:
     # stream id) and ``decode_codes(codes, grid)`` (stream ids -> images in [0, 1])
     vq_kind: str = "vq"
     load_vq: Callable[[Path], nn.Module] = load_vq
-
-
-def _conditioning(config: GPTConfig, tables: dict, model_info: dict, tokenizer: Path | None):
-    return conditioning(config, tables.get("null_condition"), model_info.get("classes", ()))
-
-
-def _calibration(bundle, num: int, seed: int):
-    """Class ids spread evenly, each sampled with guidance 3, and the null class's rows."""
-    target = bundle.target
-    labels = torch.arange(num) % target.config.num_classes
-    tokens = sample_ar(target, labels, 3.0, generator=torch.Generator().manual_seed(seed), progress="calibrate")
-    null = torch.full_like(labels, target.config.null_class)
-    return torch.cat([labels, null]), torch.cat([tokens[:, :-1], tokens[:, :-1]]), None
 
 
 # varied scenes for calibrating a prompt-id target (Janus-Pro, Lumina-mGPT): an official checkpoint ships no captions
@@ -85,7 +66,7 @@ def prompt_calibration(cfg_scale: float) -> Callable:
 
     @torch.no_grad()
     def calibration(bundle, num: int, seed: int):
-        from vvs.families.llamagen.engines import torch_engines
+        from vvs.discrete.engines import torch_engines
         from vvs.models.layers import caption_causal_mask
         from vvs.runtime.options import DecodeOptions
         from vvs.runtime.pipeline import Pipeline
@@ -106,11 +87,3 @@ def prompt_calibration(cfg_scale: float) -> Callable:
         return torch.cat([ids, null]), torch.cat([tokens, tokens]), caption_causal_mask(seen, seen.shape[1])
 
     return calibration
-
-
-GPT_INT8 = Int8Layout("layers", (("attention_norm", ("attention.wqkv",)),
-                                 ("ffn_norm", ("feed_forward.w1", "feed_forward.w3"))),
-                      ("feed_forward.w3", "feed_forward.w2"), ("attention.wo",))
-
-ARCH = TargetArch("llamagen", "gpt", GPTConfig, load_gpt, _conditioning, int8=GPT_INT8, calibration=_calibration,
-                  model=GPT, inflation="vvs.families.llamagen.inflate")

@@ -1,4 +1,4 @@
-"""EAGLE / LANTERN one-layer drafter for LlamaGen targets.
+"""EAGLE / LANTERN one-layer drafter for any discrete-token target (LlamaGen, Janus-Pro, Lumina-mGPT).
 
 ``x = fc([embed(token) ; target_feature])`` goes through LlamaGen-style decoder layers (the first has no input
 norm, there is no final norm); logits come from the *target's* ``output`` head. Parameter names follow LANTERN's
@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from vvs.families.llamagen.gpt import GPTConfig
+from vvs.discrete.target import TargetConfig
 from vvs.models.layers import LlamaLayer
 
 
@@ -44,7 +44,7 @@ class DrafterConfig:
         return self.hidden_size // self.num_attention_heads
 
     @classmethod
-    def for_target(cls, target: GPTConfig, **overrides) -> "DrafterConfig":
+    def for_target(cls, target: TargetConfig, **overrides) -> "DrafterConfig":
         """LANTERN's rule: the drafter config equals the target's except for the number of layers (a target
         config's ``drafter_fields()``, where it has one, says what else its drafters take from it)."""
         fields = dict(
@@ -105,7 +105,7 @@ class DrafterOutput(NamedTuple):
 
 
 class Drafter(nn.Module):
-    def __init__(self, config: DrafterConfig, target: GPTConfig):
+    def __init__(self, config: DrafterConfig, target: TargetConfig):
         super().__init__()
         if (config.hidden_size, config.num_attention_heads) != (target.dim, target.n_head):
             raise ValueError(

@@ -1,5 +1,5 @@
-"""The engine sets of LlamaGen and the other discrete-token families (their target architecture comes from the
-manifest's family, :mod:`vvs.families.llamagen.arch`): the torch modules of a bundle, or an engine folder on ONNX
+"""The engine sets of the discrete-token families (their target architecture comes from the manifest's family,
+:mod:`vvs.discrete.arch`): the torch modules of a bundle, or an engine folder on ONNX
 Runtime, TensorRT or the torch backend, each as the :class:`~vvs.engines.base.EngineSet` the shared speculative
 loop runs on."""
 from __future__ import annotations
@@ -11,11 +11,11 @@ import torch
 from vvs.engines.base import EngineSet, folder_graphs
 from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, verify_files
 from vvs.engines.torch_backend import TorchEngine
-from vvs.export.spec import DTYPE_NAMES
+from vvs.discrete.bundle import ModelBundle
+from vvs.discrete.graphs import DraftTreeGraph, build_graphs, draft_tree_spec, graph_specs
+from vvs.discrete.loading import load_drafter
 from vvs.errors import VVSError
-from vvs.families.llamagen.bundle import ModelBundle
-from vvs.families.llamagen.graphs import DraftTreeGraph, build_graphs, draft_tree_spec, graph_specs
-from vvs.families.llamagen.loading import load_drafter
+from vvs.export.spec import DTYPE_NAMES
 from vvs.families.registry import family_of
 from vvs.models.layers import cast_floating
 from vvs.runtime.options import DecodeOptions, TreeShape
@@ -85,7 +85,7 @@ def prompt_tokenizer(folder: Path, manifest: dict) -> Path | None:
 def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | None = None) -> EngineSet:
     from vvs.engines.manifest import read_manifest
     from vvs.engines.onnxruntime_backend import open_graphs, open_session, session_options
-    from vvs.families.llamagen.exporter import export_tree
+    from vvs.discrete.exporter import export_tree
 
     folder, device = Path(folder), torch.device(device)
     manifest = read_manifest(folder)

@@ -1,4 +1,4 @@
-"""The engine folder of LlamaGen and the other discrete-token families (:mod:`vvs.families.llamagen.arch`): a model
+"""The engine folder of the discrete-token families (:mod:`vvs.discrete.arch`): a model
 bundle -> four ONNX graphs (``target_prefill``, ``target_verify``, ``draft_tree``,
 ``vq_decode``; no ``draft_tree`` without a drafter), tables and the manifest, written through
 :func:`vvs.export.folder.folder_transaction`.
@@ -20,6 +20,10 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from vvs.discrete.bundle import ModelBundle
+from vvs.discrete.drafter import DrafterConfig
+from vvs.discrete.graphs import build_graphs, draft_tree_graph, draft_tree_spec, graph_specs
+from vvs.discrete.loading import load_drafter
 from vvs.engines.manifest import (CALIBRATION, FORMAT, MANIFEST, TABLES, TORCH_WEIGHTS, W8A8_GRAPHS, WEIGHT_ONLY,
                                   file_record, graph_spec, graph_weights)
 from vvs.errors import VVSError
@@ -27,10 +31,6 @@ from vvs.export.folder import folder_transaction, tool_versions
 from vvs.export.onnx_export import export_graph
 from vvs.export.spec import DTYPES, GraphSpec
 from vvs.export.weight_only import quantize_weights
-from vvs.families.llamagen.bundle import ModelBundle
-from vvs.families.llamagen.drafter import DrafterConfig
-from vvs.families.llamagen.graphs import build_graphs, draft_tree_graph, draft_tree_spec, graph_specs
-from vvs.families.llamagen.loading import load_drafter
 from vvs.families.registry import family_of
 from vvs.models.layers import cast_floating
 from vvs.models.loading import save_model
@@ -275,32 +275,3 @@ def tensorrt_profiles(manifest: dict, name: str, max_images: int) -> list[dict[s
                   "survivors_k": ((1,), (1,), (min(config.vocab_size, TOPK_LIMIT),))}
         profiles.append(profile_of(spec, ranges))
     return profiles
-
-
-def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
-    """``vvs-export --model llamagen``: the bundle the options name (the shipped model set where they name no
-    file), exported into ``out``."""
-    from vvs.families.llamagen.bundle import load_bundle
-    from vvs.shipped import shipped_info, shipped_text_encoder
-
-    o = options
-    if o["text_encoder"] and not o["t2i"]:
-        raise VVSError("option --text-encoder: needs --t2i (class-conditional targets take class ids, not text)")
-    bundle = load_bundle(o["checkpoint"], o["config"], o["vq"], o["vq_config"], o["drafter"], t2i=o["t2i"],
-                         ema=o["ema"], grid_size=o["grid_size"], no_drafter=o["no_drafter"])
-    echo(bundle.summary())
-    shipped = shipped_info() if not (o["checkpoint"] or o["drafter"] or o["vq"]) else None
-    extra, defaults, text_encoder = {}, {}, o["text_encoder"]
-    if shipped and o["t2i"]:  # the shipped text-to-image pair, with its own encoder unless another is given
-        defaults = shipped_info("shipped_t2i.json")["decoding_defaults"]
-        text_encoder = text_encoder or str(shipped_text_encoder())
-    elif shipped:
-        extra = {"classes": [c["name"] for c in shipped["classes"]]}
-        defaults = shipped["decoding_defaults"]
-    encoder = None
-    if text_encoder:
-        from vvs.text.export import load_text_encoder
-
-        encoder = load_text_encoder(text_encoder, bundle.target.config.caption_dim)
-    return export_folder(bundle, out, o["precision"], o["max_draft_top_k"], o["lantern_k"], defaults, extra,
-                         force=force, text_encoder=encoder, weights=o["weights"], drafter_weights=o["drafter_weights"])

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from vvs.export.spec import GraphSpec, TensorSpec
-from vvs.families.llamagen.drafter import Drafter
-from vvs.families.llamagen.gpt import GPT
+from vvs.discrete.drafter import Drafter
+from vvs.discrete.target import DiscreteTarget
 from vvs.models.vq import VQModel
 from vvs.runtime.cache import causal_within
 from vvs.runtime.options import TreeShape
@@ -22,7 +22,7 @@ from vvs.runtime.tree import select_tree
 class TargetPrefill(nn.Module):
     """Condition -> guided logits of the first image token, condition features, condition keys/values."""
 
-    def __init__(self, target: GPT):
+    def __init__(self, target: DiscreteTarget):
         super().__init__()
         self.target = target
         self.mask = vocabulary_mask(target.config.vocab_size, target.config.sampled_ids)
@@ -37,7 +37,7 @@ class TargetPrefill(nn.Module):
 class TargetVerify(nn.Module):
     """Any set of new tokens (1 for AR, a tree, a skipped chain + a tree) against the static KV buffer."""
 
-    def __init__(self, target: GPT):
+    def __init__(self, target: DiscreteTarget):
         super().__init__()
         self.target = target
         self.mask = vocabulary_mask(target.config.vocab_size, target.config.sampled_ids)
@@ -211,7 +211,8 @@ class VQDecode(nn.Module):
         return self.vq.decode_codes(codes, self.grid).float()  # float32 pixels from a decoder of any precision
 
 
-def build_graphs(target: GPT, drafter: Drafter | None, vq: VQModel, tree: TreeShape) -> dict[str, nn.Module]:
+def build_graphs(target: DiscreteTarget, drafter: Drafter | None, vq: VQModel,
+                 tree: TreeShape) -> dict[str, nn.Module]:
     """The graph modules of a model bundle, with the ``draft_tree`` graph of one tree shape where it has a
     drafter."""
     graphs = {
@@ -223,7 +224,7 @@ def build_graphs(target: GPT, drafter: Drafter | None, vq: VQModel, tree: TreeSh
     return {name: graph for name, graph in graphs.items() if graph is not None}
 
 
-def draft_tree_graph(target: GPT, drafter: Drafter, tree: TreeShape) -> DraftTreeGraph:
+def draft_tree_graph(target: DiscreteTarget, drafter: Drafter, tree: TreeShape) -> DraftTreeGraph:
     """The drafter graph holds its own copy of the target's head, as its exported engine does."""
     mask = vocabulary_mask(target.config.vocab_size, target.config.sampled_ids)
     return DraftTreeGraph(drafter, copy.deepcopy(target.head), tree, target.config.max_positions - 1, mask).eval()
@@ -232,8 +233,9 @@ def draft_tree_graph(target: GPT, drafter: Drafter, tree: TreeShape) -> DraftTre
 # --------------------------------------------------------------------------- their inputs and outputs
 
 def graph_specs(target, drafter, vq, tree, act: str = "float32") -> dict[str, GraphSpec]:
-    """Specs of the four graphs for a target ``GPTConfig``, ``DrafterConfig`` (None: no ``draft_tree`` graph),
-    ``VQConfig`` and the ``TreeShape`` of the ``draft_tree`` graph.
+    """Specs of the four graphs for a target's config (:class:`vvs.discrete.target.TargetConfig`), a
+    ``DrafterConfig`` (None: no ``draft_tree`` graph), the image tokenizer's config and the ``TreeShape`` of the
+    ``draft_tree`` graph.
 
     ``act`` is the dtype of activations, features and caches ("float32" or "float16"); logits are float32.
     """
@@ -274,7 +276,7 @@ def graph_specs(target, drafter, vq, tree, act: str = "float32") -> dict[str, Gr
 
 
 def draft_tree_spec(target, drafter, tree, act: str = "float32") -> GraphSpec:
-    """The drafter's new stable slots in, one draft tree per image out (:class:`vvs.families.llamagen.graphs.DraftTreeGraph`):
+    """The drafter's new stable slots in, one draft tree per image out (:class:`DraftTreeGraph`):
     ``tokens`` are the ``tree_size - 1`` drafted nodes; ``parent``, ``depth`` and ``ancestors`` describe the tree
     with its root as node 0. ``past_len``: committed drafter slots per image; ``new_count``: valid new slots."""
     t, size = target, tree.tree_size

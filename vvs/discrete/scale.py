@@ -1,5 +1,5 @@
 """``vvs-bench --scale SIZE[:LAYERS]``: the decoding modes at an official size's compute cost, with a trained pair's
-acceptance, for every family on the LlamaGen machinery (its ``TargetArch.inflation`` module names the sizes and
+acceptance, for every discrete-token family (its ``TargetArch.inflation`` module names the sizes and
 inflates a pair).
 
 The engine folder's target and drafter are inflated to ``SIZE`` (the same function at the official widths and
@@ -74,9 +74,9 @@ def fitting_depth(model_class: type, config, least: int, memory: int) -> int | N
 def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
     """The inflated engine folder of ``engine_dir`` at ``size`` (``SIZE[:LAYERS]``), exported on first use; without
     ``LAYERS``, as deep as fits this machine's memory."""
-    from vvs.families.llamagen.bundle import ModelBundle
-    from vvs.families.llamagen.exporter import export_folder
-    from vvs.families.llamagen.loading import load_drafter
+    from vvs.discrete.bundle import ModelBundle
+    from vvs.discrete.exporter import export_folder
+    from vvs.discrete.loading import load_drafter
     from vvs.families.registry import family_of
 
     engine_dir = Path(engine_dir)

@@ -1,4 +1,4 @@
-"""Train an EAGLE/LANTERN drafter for any target of the LlamaGen machinery (LlamaGen's GPT, Janus-Pro, Lumina-mGPT)
+"""Train an EAGLE/LANTERN drafter for any discrete-token target (LlamaGen's GPT, Janus-Pro, Lumina-mGPT)
 (the recipe of LANTERN's ``train_drafter``).
 
 Data: token sequences ``[M, N]`` of real images (ground-truth codes) with their conditions. Per batch the
@@ -16,13 +16,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from vvs.families.llamagen.drafter import Drafter, DrafterConfig
-from vvs.families.llamagen.gpt import GPT
+from vvs.discrete.drafter import Drafter, DrafterConfig
+from vvs.discrete.target import DiscreteTarget
 from vvs.models.layers import caption_causal_mask, causal_mask
 from vvs.train.loop import Schedule, train
 
 
-def drafter_batch(target: GPT, conditions: torch.Tensor, tokens: torch.Tensor, class_dropout: float,
+def drafter_batch(target: DiscreteTarget, conditions: torch.Tensor, tokens: torch.Tensor, class_dropout: float,
                   gen: torch.Generator, caption_mask: torch.Tensor | None = None,
                   null: Callable | None = None) -> tuple[torch.Tensor, ...]:
     """Teacher-forced target features for one batch: ``(ids, positions, features, target_features)``.
@@ -61,7 +61,7 @@ def drafter_loss(drafter: Drafter, head: torch.nn.Linear, ids, positions, featur
     return regression + 0.1 * distribution, {"regression": regression.item(), "top1_agreement": agree.item()}
 
 
-def train_drafter(target: GPT, conditions: torch.Tensor, tokens: torch.Tensor, out_dir: Path, seed: int,
+def train_drafter(target: DiscreteTarget, conditions: torch.Tensor, tokens: torch.Tensor, out_dir: Path, seed: int,
                   steps: int = 1500, batch: int = 16, lr: float = 1e-3, class_dropout: float = 0.1,
                   config: DrafterConfig | None = None, caption_mask: torch.Tensor | None = None,
                   null: Callable | None = None) -> Drafter:

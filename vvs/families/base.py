@@ -50,8 +50,8 @@ class Family:
     build_backends: tuple[str, ...] = ("tensorrt", "tensorrt-rtx")  # what ``vvs-export --backend`` may also build
     run_backends: tuple[str, ...] = ("onnxruntime", "torch", "tensorrt", "tensorrt-rtx")
     # optional abilities: an entry point, or None
-    # a discrete-token family's target architecture (vvs.families.llamagen.arch.TargetArch), which the LlamaGen
-    # graphs, exporter and engine sets build on; None for a family with its own (MAR)
+    # a discrete-token family's target architecture (vvs.discrete.arch.TargetArch), which the shared graphs,
+    # exporter and engine sets build on; None for a family with its own (MAR)
     target_arch: str | None = None
     scale: str | None = None  # vvs-bench --scale: (engine_dir, size) -> the inflated folder
     scale_sizes: tuple[str, ...] = ()

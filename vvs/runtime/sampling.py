@@ -6,7 +6,7 @@ scale, with or without the unconditional half.
 
 The processor applies temperature, then top-k, then top-p (LlamaGen's order; the SD code's order differs only
 when both filters are active). The drafter graph applies the same settings to its candidates
-(:class:`vvs.families.llamagen.graphs.Proposer`).
+(:class:`vvs.discrete.graphs.Proposer`).
 """
 from __future__ import annotations
 

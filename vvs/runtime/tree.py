@@ -1,6 +1,6 @@
 """EAGLE-2 dynamic draft trees, built for every image of a batch at once, in one drafter graph call.
 
-The ``draft_tree`` graph (:class:`vvs.families.llamagen.graphs.DraftTreeGraph`) consumes the drafter's new stable slots and
+The ``draft_tree`` graph (:class:`vvs.discrete.graphs.DraftTreeGraph`) consumes the drafter's new stable slots and
 expands ``depth`` levels of the ``draft_top_k`` best nodes; of all proposals the ``tree_size - 1`` best by
 cumulative log-probability form the tree, in proposal order so that parents precede children. The runtime keeps
 the drafter's stable cache and commits the keys/values of the new stable slots the graph returns.

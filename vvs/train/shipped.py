@@ -17,15 +17,17 @@ from safetensors.torch import load_file, save_file
 from vvs.engines.manifest import sha256
 from vvs.files import follow_umask
 from vvs.families.llamagen.gpt import GPT
-from vvs.families.llamagen.loading import load_drafter, load_gpt
+from vvs.discrete.loading import load_drafter
+from vvs.families.llamagen.loading import load_gpt
 from vvs.models.loading import load_state, load_vq, read_checkpoint, save_model
 from vvs.models.vq import VQModel
 from vvs.quality import ClassifierConfig, PhotoClassifier, sequence_nll
 from vvs.train.classifier import accuracy, real_crops, train_classifier
 from vvs.train.data import PHOTOS
-from vvs.families.llamagen.train_drafter import drafter_batch, drafter_loss, train_drafter
+from vvs.discrete.train_drafter import drafter_batch, drafter_loss, train_drafter
 from vvs.train.loop import plot_curves
-from vvs.families.llamagen.train_target import tokenize_crops, train_target
+from vvs.discrete.train_data import tokenize_crops
+from vvs.families.llamagen.train_target import train_target
 from vvs.train.tokenizer import (IMAGE_SIZE, flat_grid_deviation, region_errors, tokenizer_psnr, top_left_excess,
                                  train_tokenizer)
 

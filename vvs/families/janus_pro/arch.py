@@ -1,4 +1,4 @@
-"""Janus-Pro's target architecture for the LlamaGen machinery (:class:`vvs.families.llamagen.arch.TargetArch`)."""
+"""Janus-Pro's target architecture for the discrete-token machinery (:class:`vvs.discrete.arch.TargetArch`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +9,7 @@ from vvs.families.janus_pro.loading import load_janus
 from vvs.families.janus_pro.model import JanusConfig, JanusGen
 from vvs.families.janus_pro.prompts import PromptIds, null
 from vvs.text.prompts import PromptConditioning
-from vvs.families.llamagen.arch import TargetArch, prompt_calibration
+from vvs.discrete.arch import TargetArch, prompt_calibration
 
 
 def _conditioning(config: JanusConfig, tables: dict, model_info: dict, tokenizer: Path | None):

@@ -7,9 +7,9 @@ from pathlib import Path
 from vvs.errors import VVSError
 from vvs.families.janus_pro.family import SAMPLING
 from vvs.families.janus_pro.loading import load_janus, load_official
-from vvs.families.llamagen.bundle import ModelBundle, with_prompt_slots
+from vvs.discrete.bundle import ModelBundle, with_prompt_slots
 from vvs.shipped import shipped_info, shipped_path
-from vvs.families.llamagen.loading import load_drafter
+from vvs.discrete.loading import load_drafter
 from vvs.models.hub import folder_name
 from vvs.models.loading import load_vq
 
@@ -38,7 +38,7 @@ def load_bundle(checkpoint: str | None = None, drafter: str | None = None, promp
 
 def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
     """``vvs-export --model janus-pro``: an official folder (``--checkpoint``), or the shipped pair."""
-    from vvs.families.llamagen.exporter import export_folder
+    from vvs.discrete.exporter import export_folder
 
     o = options
     bundle = load_bundle(o["checkpoint"], o["drafter"], o["prompt_tokens"], o["no_drafter"])

@@ -19,8 +19,8 @@ import torch
 
 from vvs.families.janus_pro.family import SCALE_SIZES
 from vvs.families.janus_pro.model import JanusConfig, JanusGen, janus_config
-from vvs.families.llamagen.bundle import ModelBundle
-from vvs.families.llamagen.inflate import inflate_drafter
+from vvs.discrete.bundle import ModelBundle
+from vvs.discrete.inflate import inflate_drafter
 from vvs.models.inflation import Inflater
 
 SIZES = SCALE_SIZES

@@ -11,18 +11,18 @@ Read top to bottom: config and named sizes, the Llama blocks, the model.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from vvs.discrete.target import GPTOutput, TargetConfigMixin
 from vvs.export.spec import TensorSpec
-from vvs.families.llamagen.gpt import GPTOutput
 from vvs.models.layers import LlamaLayer, RMSNorm, Rotary, causal_mask, rope_1d_table
 
 
 @dataclass(frozen=True)
-class JanusConfig:
+class JanusConfig(TargetConfigMixin):
     dim: int  # the language model's hidden_size
     n_layer: int
     n_head: int
@@ -51,24 +51,8 @@ class JanusConfig:
                                  f"(0-{self.text_vocab_size - 1})")
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
-
-    @property
     def head_width(self) -> int:
         return self.dim if self.head_hidden is None else self.head_hidden
-
-    @property
-    def sampled_ids(self) -> range:
-        return range(self.vocab_size if self.sampled_codes is None else self.sampled_codes)
-
-    @property
-    def num_image_tokens(self) -> int:
-        return self.grid_size**2
-
-    @property
-    def max_positions(self) -> int:
-        return self.cls_token_num + self.num_image_tokens
 
     def condition_input(self, act: str) -> TensorSpec:
         """The ``target_prefill`` graph's condition: left-padded prompt ids."""
@@ -78,9 +62,6 @@ class JanusConfig:
         """Llama's 1-D RoPE over prompt slots and image codes alike, pairs split in halves (Hugging Face layout):
         the target's, and its drafter's."""
         return Rotary(rope_1d_table(self.max_positions, self.head_dim, self.rope_base), interleaved=False)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 # The official sizes (the hub configs' language_config; LlamaConfig defaults fill what they leave out).
@@ -164,7 +145,7 @@ class GenHead(nn.Module):
 
 class JanusGen(nn.Module):
     """The target: prompt ids or image codes in, image-code logits, final hidden states and new keys/values out —
-    the interface of the LlamaGen GPT, so the shared graphs and loop run it unchanged."""
+    :class:`vvs.discrete.target.DiscreteTarget`, so the shared graphs and loop run it unchanged."""
 
     def __init__(self, config: JanusConfig):
         super().__init__()

@@ -62,7 +62,7 @@ def train_drafter_cmd(checkpoint, config, t2i, data, out, steps, batch, lr, seed
     from vvs.families.llamagen.loading import load_gpt
     from vvs.models.loading import save_model
     from vvs.output import ensure_writable_dir
-    from vvs.families.llamagen.train_drafter import train_drafter
+    from vvs.discrete.train_drafter import train_drafter
 
     ensure_writable_dir(Path(out))
     try:

@@ -9,6 +9,7 @@ from vvs.runtime.options import SKIP_POLICIES, DecodeOptions
 
 SCALE_SIZES = ("GPT-B", "GPT-L", "GPT-XL", "GPT-XXL", "GPT-XXXL", "GPT-1B", "GPT-3B", "GPT-7B")
 M = "vvs.families.llamagen"
+D = "vvs.discrete"
 
 # What every discrete-token family decoded by this machinery shares (Janus-Pro's entry takes them too).
 BENCH_MODES = ("ar", "sd", "lantern", "vvs-uniform", "vvs-dynamic", "sjd", "sjd-pac", "gsd")
@@ -89,7 +90,7 @@ FAMILY = Family(
     manifest_schema={"required": ["max_draft_top_k", "tables"],
                      "properties": {"model": {"required": ["vq"]}}},
     model_configs={"target": (f"{M}.gpt:GPTConfig", ("num_image_tokens", "head_dim")),
-                   "drafter": (f"{M}.drafter:DrafterConfig", ()), "vq": ("vvs.models.vq:VQConfig", ())},
+                   "drafter": (f"{D}.drafter:DrafterConfig", ()), "vq": ("vvs.models.vq:VQConfig", ())},
     condition_kind=lambda manifest: "text" if manifest["model"]["target"]["model_type"] == "t2i" else "class",
     num_classes=lambda manifest: manifest["model"]["target"]["num_classes"],
     export_options=(
@@ -109,17 +110,17 @@ FAMILY = Family(
                           "text_encode graph, so prompts work with no other files."),
     ),
     decoding_flags=DECODING_FLAGS,
-    export=f"{M}.exporter:export_from_options",
-    load_engines=f"{M}.engines:load_engines",
+    export=f"{M}.bundle:export_from_options",
+    load_engines=f"{D}.engines:load_engines",
     pipeline="vvs.runtime.pipeline:Pipeline",
-    instruments=f"{M}.engines:quality_instruments",
-    tensorrt_profiles=f"{M}.exporter:tensorrt_profiles",
+    instruments=f"{D}.engines:quality_instruments",
+    tensorrt_profiles=f"{D}.exporter:tensorrt_profiles",
     target_arch=f"{M}.arch:ARCH",
-    scale=f"{M}.scale:scale_folder",
+    scale=f"{D}.scale:scale_folder",
     scale_sizes=SCALE_SIZES,
-    describe_scale=f"{M}.scale:describe",
+    describe_scale=f"{D}.scale:describe",
     tune="vvs.tune:tune",
-    write_defaults=f"{M}.exporter:write_defaults",
+    write_defaults=f"{D}.exporter:write_defaults",
     serve=True,
     train_commands=(f"{M}.commands:train_all", f"{M}.commands:train_t2i_cmd", f"{M}.commands:train_drafter_cmd"),
 )

@@ -6,19 +6,19 @@ block, model.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
+from vvs.discrete.target import GPTOutput, TargetConfigMixin
 from vvs.export.spec import TensorSpec
 from vvs.models.layers import RMSNorm, Rotary, apply_rope, attend, causal_mask, ffn_hidden_size, rope_2d_table
 
 
 @dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(TargetConfigMixin):
     dim: int
     n_layer: int
     n_head: int
@@ -47,25 +47,8 @@ class GPTConfig:
             raise ValueError(f"sampled_codes {self.sampled_codes} must lie in [1, vocab_size {self.vocab_size}]")
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
-
-    @property
     def ffn_hidden(self) -> int:
         return ffn_hidden_size(self.dim, self.multiple_of, self.ffn_dim_multiplier)
-
-    @property
-    def sampled_ids(self) -> range:
-        """The ids an image position may take: the codebook's codes, which the head's first rows score."""
-        return range(self.vocab_size if self.sampled_codes is None else self.sampled_codes)
-
-    @property
-    def num_image_tokens(self) -> int:
-        return self.grid_size**2
-
-    @property
-    def max_positions(self) -> int:
-        return self.cls_token_num + self.num_image_tokens
 
     @property
     def null_class(self) -> int:
@@ -81,9 +64,6 @@ class GPTConfig:
         """LlamaGen's 2-D RoPE over the condition slots and the image grid: the target's, and its drafter's."""
         return Rotary(rope_2d_table(self.grid_size, self.head_dim, self.rope_base, self.cls_token_num),
                       interleaved=True)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 # The official sizes (LlamaGen gpt.py). The text-conditional release uses GPT-XL with model_type="t2i".
@@ -197,12 +177,6 @@ class TransformerBlock(nn.Module):
         attn, new_kv = self.attention(self.attention_norm(x), rope, mask, past_kv)
         h = x + attn
         return h + self.feed_forward(self.ffn_norm(h)), new_kv
-
-
-class GPTOutput(NamedTuple):
-    logits: torch.Tensor  # [B, T, vocab] float32
-    hidden: torch.Tensor  # [B, T, dim] post-final-norm: the features the drafter consumes
-    new_kv: torch.Tensor  # [n_layer, 2, B, n_head, T, head_dim]: keys/values of the T new positions
 
 
 class GPT(nn.Module):

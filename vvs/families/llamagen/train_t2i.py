@@ -20,64 +20,25 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from vvs.discrete.loading import load_drafter
+from vvs.discrete.train_data import CAPTIONS, caption_list, random_captions, tokenize_crops
+from vvs.discrete.train_drafter import train_drafter
 from vvs.engines.manifest import sha256
-from vvs.files import follow_umask
 from vvs.families.llamagen.gpt import GPT, gpt_config
+from vvs.families.llamagen.loading import load_gpt
+from vvs.files import follow_umask
 from vvs.models.layers import caption_causal_mask
-from vvs.families.llamagen.loading import load_drafter, load_gpt
 from vvs.models.loading import save_model
-from vvs.train.data import PHOTOS
-from vvs.families.llamagen.train_drafter import train_drafter
 from vvs.train.loop import Schedule, train
-from vvs.families.llamagen.train_target import tokenize_crops
+from vvs.train.shipped import TRAIN_CROPS
 from vvs.train.text_encoder import save_text_encoder, t5_encoder, train_tokenizer
 from vvs.train.tokenizer import IMAGE_SIZE
 
-CAPTIONS: dict[str, list[str]] = {
-    "astronaut": ["a portrait of an astronaut in a white space suit", "a smiling woman astronaut with a flag",
-                  "an astronaut holding a helmet", "a photo of an astronaut"],
-    "chelsea": ["a photo of a cat", "a tabby cat looking to the side", "a close-up of a ginger cat's face",
-                "a cat with green eyes and whiskers"],
-    "coffee": ["a cup of coffee on a saucer", "a white coffee cup with a spoon", "a photo of a cup of coffee",
-               "coffee in a cup on a wooden table"],
-    "rocket": ["a rocket on the launch pad", "a photo of a rocket before launch", "a white rocket against the sky",
-               "a space rocket standing on a tower"],
-    "hubble_deep_field": ["galaxies in deep space", "a telescope image of distant galaxies",
-                          "a dark sky full of galaxies and stars", "the hubble deep field"],
-    "immunohistochemistry": ["a microscope image of stained tissue", "brown and blue cells under a microscope",
-                             "a stained tissue sample", "immunohistochemistry of tissue"],
-    "retina": ["a photo of the retina of an eye", "an eye fundus with red blood vessels",
-               "an orange retina with blood vessels", "a medical image of the back of an eye"],
-    "brick": ["a brick wall", "red bricks and mortar", "a texture of old bricks", "a close-up of a brick wall"],
-    "grass": ["green grass", "a lawn of green grass", "a texture of grass blades", "a close-up of grass"],
-    "gravel": ["grey gravel", "a texture of small stones", "a close-up of gravel", "pebbles on the ground"],
-    "camera": ["a black and white photo of a cameraman", "a man with a camera on a tripod",
-               "a photographer in a coat on a field", "a grey photo of a man with a camera"],
-    "coins": ["old coins on a dark background", "a grey photo of many coins", "rows of ancient coins",
-              "a collection of coins"],
-    "cell": ["a microscope image of a cell", "a grey image of a single cell", "a cell under a microscope",
-             "a blurry grey cell"],
-    "china": ["a chinese temple with a red roof", "a pagoda under a blue sky", "a temple among trees",
-              "a photo of a building in china"],
-    "flower": ["a pink flower", "a close-up of a dahlia", "a flower with pink petals", "a photo of a flower"],
-    "grace_hopper": ["a portrait of grace hopper", "a woman in a navy uniform", "an old portrait of an officer",
-                     "a photo of a woman in uniform"],
-}
 SLOTS = 32  # caption slots: the captions are short (LlamaGen's checkpoints use 120)
 ENCODER = dict(width=64, layers=2, heads=4, head_dim=16, ff=128)
 TOKENIZER_VOCAB = 256
 DROPOUT = 0.1  # a caption replaced by the unconditional one, as LlamaGen trains (the CFG null)
-TRAIN_CROPS = 5120
 T2I_DECODING = {"cfg_scale": 3.0, "top_k": 0, "lantern_k": 32}
-
-
-def caption_list() -> tuple[list[str], torch.Tensor]:
-    """Every caption, and the photo (class) each describes."""
-    texts, photos = [], []
-    for i, photo in enumerate(PHOTOS):
-        texts += CAPTIONS[photo.name]
-        photos += [i] * len(CAPTIONS[photo.name])
-    return texts, torch.tensor(photos)
 
 
 def build_text_encoder(folder: Path, seed: int) -> Path:
@@ -90,16 +51,9 @@ def build_text_encoder(folder: Path, seed: int) -> Path:
 def caption_features(text_folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded features ``[captions, SLOTS, width]`` and masks of every caption, through the runtime's own
     prompt path (cleaning, tokenizer, encoder, left padding)."""
-    from vvs.families.llamagen.engines import torch_text_encoder
+    from vvs.discrete.engines import torch_text_encoder
 
     return torch_text_encoder(text_folder, SLOTS).encode(caption_list()[0])
-
-
-def random_captions(caption_photo: torch.Tensor, photos: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """For each photo id in ``photos``, the index of one of its captions, drawn uniformly."""
-    by_photo = [torch.nonzero(caption_photo == p).flatten() for p in range(len(PHOTOS))]
-    return torch.stack([by_photo[p][torch.randint(0, len(by_photo[p]), (1,), generator=gen)]
-                        for p in photos.tolist()]).flatten()
 
 
 def train_t2i_target(features, masks, caption_photo, labels, tokens, out_dir: Path, seed: int, start: GPT,

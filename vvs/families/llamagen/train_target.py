@@ -7,23 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from vvs.families.llamagen.gpt import GPT, gpt_config
-from vvs.models.vq import VQModel
-from vvs.train.data import balanced_labels, load_photos, random_crops
 from vvs.train.loop import Schedule, train
-from vvs.train.tokenizer import interior_codes
-
-
-@torch.no_grad()
-def tokenize_crops(vq: VQModel, num: int, size: int, seed: int, batch: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
-    """``num`` class-balanced random crops -> ``(labels [num], tokens [num, (size / downsample)**2])``, each crop's
-    codes computed inside its reflection-padded canvas (``interior_codes``: no cell is a border cell)."""
-    photos = load_photos()
-    gen = torch.Generator().manual_seed(seed)
-    labels = balanced_labels(num, len(photos), gen)
-    tokens = []
-    for i in range(0, num, batch):
-        tokens.append(interior_codes(vq, random_crops(photos, labels[i : i + batch], size, gen)))
-    return labels, torch.cat(tokens)
 
 
 def train_target(labels: torch.Tensor, tokens: torch.Tensor, out_dir: Path, seed: int, steps: int = 1100,

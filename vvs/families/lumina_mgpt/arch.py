@@ -1,4 +1,4 @@
-"""Lumina-mGPT's target architecture for the LlamaGen machinery (:class:`vvs.families.llamagen.arch.TargetArch`):
+"""Lumina-mGPT's target architecture for the discrete-token machinery (:class:`vvs.discrete.arch.TargetArch`):
 Chameleon's decoder over prompt ids, its image stream with end-of-line tokens forced at row ends, Chameleon's
 VQGAN as the image tokenizer."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from vvs.calib.int8 import LLAMA_INT8
 from vvs.errors import VVSError
-from vvs.families.llamagen.arch import TargetArch, prompt_calibration
+from vvs.discrete.arch import TargetArch, prompt_calibration
 from vvs.families.lumina_mgpt.loading import load_lumina, load_vqgan
 from vvs.families.lumina_mgpt.model import ChameleonConfig, ChameleonGen
 from vvs.families.lumina_mgpt.prompts import PromptIds, null

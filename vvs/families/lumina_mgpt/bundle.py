@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from vvs.errors import VVSError
-from vvs.families.llamagen.bundle import ModelBundle, with_prompt_slots
+from vvs.discrete.bundle import ModelBundle, with_prompt_slots
 from vvs.shipped import shipped_info, shipped_path
-from vvs.families.llamagen.loading import load_drafter
+from vvs.discrete.loading import load_drafter
 from vvs.families.lumina_mgpt.family import SAMPLING
 from vvs.families.lumina_mgpt.loading import load_lumina, load_official, load_official_vqgan, load_vqgan
 from vvs.models.hub import folder_name
@@ -71,7 +71,7 @@ def load_official_pair(checkpoint: Path, tokenizer_dir: str | None, prompt_token
 def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
     """``vvs-export --model lumina-mgpt``: an official folder (``--checkpoint``) with Chameleon's tokenizer folder,
     or the shipped pair."""
-    from vvs.families.llamagen.exporter import export_folder
+    from vvs.discrete.exporter import export_folder
 
     o = options
     bundle = load_bundle(o["checkpoint"], o["tokenizer_dir"], o["drafter"], o["prompt_tokens"], o["no_drafter"],

@@ -1,4 +1,4 @@
-"""Lumina-mGPT's registry entry: text to image through Chameleon's decoder and VQGAN, decoded by the LlamaGen
+"""Lumina-mGPT's registry entry: text to image through Chameleon's decoder and VQGAN, decoded by the discrete-token
 machinery and the shared speculative loop with end-of-line tokens forced at row ends."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from vvs.runtime.options import DecodeOptions
 
 SCALE_SIZES = ("Lumina-mGPT-7B",)  # vvs-bench --scale: the decoder of every resolution's folder
 M = "vvs.families.lumina_mgpt"
-L = "vvs.families.llamagen"
+D = "vvs.discrete"
 
 # the official solver's image sampling: guidance 3, image top-k 2000, temperature 1 (create_logits_processor)
 SAMPLING = {"cfg_scale": 3.0, "temperature": 1.0, "top_k": 2000, "top_p": 1.0}
@@ -26,7 +26,7 @@ FAMILY = Family(
     manifest_schema={"required": ["max_draft_top_k", "tables", "prompts"],
                      "properties": {"model": {"required": ["vq"]}}},
     model_configs={"target": (f"{M}.model:ChameleonConfig", ("vocab_size", "num_image_tokens", "head_dim")),
-                   "drafter": (f"{L}.drafter:DrafterConfig", ()), "vq": (f"{M}.vqgan:VQGANConfig", ())},
+                   "drafter": (f"{D}.drafter:DrafterConfig", ()), "vq": (f"{M}.vqgan:VQGANConfig", ())},
     condition_kind=lambda manifest: "text",
     num_classes=lambda manifest: 0,
     export_options=(
@@ -41,14 +41,14 @@ FAMILY = Family(
     ),
     decoding_flags=DECODING_FLAGS,
     export=f"{M}.bundle:export_from_options",
-    load_engines=f"{L}.engines:load_engines",
+    load_engines=f"{D}.engines:load_engines",
     pipeline="vvs.runtime.pipeline:Pipeline",
-    instruments=f"{L}.engines:quality_instruments",
-    tensorrt_profiles=f"{L}.exporter:tensorrt_profiles",
+    instruments=f"{D}.engines:quality_instruments",
+    tensorrt_profiles=f"{D}.exporter:tensorrt_profiles",
     target_arch=f"{M}.arch:ARCH",
-    scale=f"{L}.scale:scale_folder",
+    scale=f"{D}.scale:scale_folder",
     scale_sizes=SCALE_SIZES,
-    describe_scale=f"{L}.scale:describe",
+    describe_scale=f"{D}.scale:describe",
     serve=True,
     train_commands=(f"{M}.commands:train_lumina_cmd", f"{M}.commands:train_lumina_drafter_cmd"),
     sampling=SAMPLING,

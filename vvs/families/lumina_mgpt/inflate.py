@@ -20,8 +20,8 @@ from dataclasses import replace
 
 import torch
 
-from vvs.families.llamagen.bundle import ModelBundle
-from vvs.families.llamagen.inflate import inflate_drafter
+from vvs.discrete.bundle import ModelBundle
+from vvs.discrete.inflate import inflate_drafter
 from vvs.families.lumina_mgpt.family import SCALE_SIZES
 from vvs.families.lumina_mgpt.model import ChameleonConfig, ChameleonGen, lumina_config
 from vvs.models.inflation import Inflater

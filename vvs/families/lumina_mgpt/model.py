@@ -21,18 +21,18 @@ the query/key norms).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from vvs.discrete.target import GPTOutput, TargetConfigMixin
 from vvs.export.spec import TensorSpec
-from vvs.families.llamagen.gpt import GPTOutput
 from vvs.models.layers import LlamaLayer, RMSNorm, Rotary, causal_mask, rope_1d_table
 
 
 @dataclass(frozen=True)
-class ChameleonConfig:
+class ChameleonConfig(TargetConfigMixin):
     dim: int  # hidden_size
     n_layer: int
     n_head: int
@@ -70,10 +70,6 @@ class ChameleonConfig:
             raise ValueError(f"{', '.join(bad)} lie(s) outside the {self.joint_vocab_size}-id vocabulary")
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
-
-    @property
     def stream_ids(self) -> tuple[int, ...]:
         """The joint id of each stream index: the image ids, the end-of-line token, any extra image ids."""
         first, last = self.first_code_id + self.num_codes, self.first_code_id + self.num_codes + self.extra_codes
@@ -99,10 +95,6 @@ class ChameleonConfig:
         """Rows of ``grid_size`` codes, each closed by an end-of-line token (the end-of-image tag that follows
         is fixed, and not decoded)."""
         return self.grid_size * (self.grid_size + 1)
-
-    @property
-    def max_positions(self) -> int:
-        return self.cls_token_num + self.num_image_tokens
 
     @property
     def side_pixels(self) -> int:
@@ -131,9 +123,6 @@ class ChameleonConfig:
         """1-D RoPE over prompt slots and the image stream alike, pairs split in halves (the layout the official
         conversion permutes the query/key weights into)."""
         return Rotary(rope_1d_table(self.max_positions, self.head_dim, self.rope_base), interleaved=False)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 # The official sizes: Lumina-mGPT's 7B folders are Chameleon-7B at three resolutions; Anole-7b is Chameleon-7B in
@@ -178,7 +167,7 @@ class ChameleonModel(nn.Module):
 
 class ChameleonGen(nn.Module):
     """The target: prompt ids or stream indices in, stream logits, final hidden states and new keys/values out —
-    the interface of the LlamaGen GPT, so the shared graphs and loop run it unchanged."""
+    :class:`vvs.discrete.target.DiscreteTarget`, so the shared graphs and loop run it unchanged."""
 
     def __init__(self, config: ChameleonConfig):
         super().__init__()

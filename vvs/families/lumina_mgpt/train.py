@@ -30,10 +30,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, SentencePieceBPETokenizer, Tokenizer
 
-from vvs.families.llamagen.loading import load_drafter
-from vvs.families.llamagen.train_drafter import train_drafter
-from vvs.families.llamagen.train_t2i import CAPTIONS, TRAIN_CROPS, caption_list, random_captions
-from vvs.families.llamagen.train_target import tokenize_crops
+from vvs.discrete.loading import load_drafter
+from vvs.discrete.train_drafter import train_drafter
+from vvs.discrete.train_data import CAPTIONS, caption_list, random_captions
+from vvs.train.shipped import TRAIN_CROPS
+from vvs.discrete.train_data import tokenize_crops
 from vvs.families.lumina_mgpt.loading import IMAGE_PREFIX, PAD_TOKEN, SPECIAL_TOKENS, load_lumina
 from vvs.families.lumina_mgpt.model import ChameleonConfig, ChameleonGen, lumina_config
 from vvs.families.lumina_mgpt.prompts import PromptIds, instruction, null
