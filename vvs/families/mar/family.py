@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from vvs.families.base import DecodingFlag, Family
-from vvs.families.llamagen.family import EMA, NAMED_SIZE
 from vvs.families.mar.options import ACCEPT_RULES, MAROptions
+from vvs.families.options import EMA, NAMED_SIZE
 
 M = "vvs.families.mar"
 
