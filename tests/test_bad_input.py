@@ -482,11 +482,11 @@ def test_a_damaged_cached_tree_graph_is_detected_and_exported_again(folder, capf
 @pytest.mark.parametrize("command", ["all", "mar", "t2i"])
 def test_train_checks_its_output_folder_before_training(tmp_path, capsys, monkeypatch, command):
     """A folder that cannot be written (here: below a file) is one line and exit 2 before any training."""
-    import vvs.families.mar.train
-    import vvs.train.shipped
+    import vvs.families.llamagen.train_shipped
     import vvs.families.llamagen.train_t2i
+    import vvs.families.mar.train
 
-    monkeypatch.setattr(vvs.train.shipped, "reproduce", lambda *a: pytest.fail("trained before checking --out"))
+    monkeypatch.setattr(vvs.families.llamagen.train_shipped, "reproduce", lambda *a: pytest.fail("trained before checking --out"))
     monkeypatch.setattr(vvs.families.mar.train, "reproduce_mar", lambda *a: pytest.fail("trained before checking --out"))
     monkeypatch.setattr(vvs.families.llamagen.train_t2i, "reproduce_t2i", lambda *a: pytest.fail("trained before checking --out"))
     blocker = tmp_path / "file"

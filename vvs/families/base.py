@@ -60,6 +60,9 @@ class Family:
     write_defaults: str | None = None  # (folder, defaults, record): stores what --tune picked
     serve: bool = False  # vvs-serve
     train_commands: tuple[str, ...] = ()  # its ``vvs-train`` subcommands ("module:command")
+    # vvs-train decoder, for a family whose shipped record measures the shared VQ tokenizer its pair is trained on:
+    # (the retrained tokenizer, held-out crops in [-1, 1]) -> (its shipped json's name, that record measured anew)
+    remeasure_tokenizer: str | None = None
     # what a user who asks for something the family lacks should do instead, by ability ("tune", "scale", ...)
     instead: dict[str, str] = field(default_factory=dict)
     # the official release's sampling where it differs from the options class's defaults: the decoding defaults of

@@ -13,18 +13,18 @@ from pathlib import Path
 import torch
 
 from vvs.engines.manifest import sha256
-from vvs.shipped import shipped_info
+from vvs.families.registry import FAMILIES
 from vvs.models.loading import load_vq, save_model
+from vvs.shipped import shipped_info
 from vvs.train.classifier import real_crops
-from vvs.families.mar.train import tokenizer_metrics
 from vvs.train.shipped import HELDOUT_SEED, KIND, ship_model, vq_metrics
 from vvs.train.tokenizer import train_decoder
 
 
 def reship_decoder(out_dir: Path, vq_path: Path, seed: int, steps: int = 2400) -> Path:
     """Retrain the decoder of the tokenizer in ``vq_path`` with reflection padding. Writes
-    ``out_dir/weights/``: ``vq.safetensors`` (shipped format) and copies of the shipped ``shipped.json`` and
-    ``shipped_mar.json`` whose tokenizer entries describe it."""
+    ``out_dir/weights/``: ``vq.safetensors`` (shipped format) and copies of the shipped ``shipped.json`` and of the
+    records of the pairs that measure the tokenizer (``shipped_mar.json``), whose tokenizer entries describe it."""
     out_dir = Path(out_dir)
     torch.set_num_threads(os.cpu_count() or 1)
     path = out_dir / "vq.safetensors"
@@ -46,9 +46,12 @@ def reship_decoder(out_dir: Path, vq_path: Path, seed: int, steps: int = 2400) -
     info["decoder"] = [*earlier, {"retrained_from_sha256": sha256(vq_path), "seed": seed, "steps": steps,
                                   "reproduce": f"vvs-train decoder --vq VQ --out {out_dir} --seed {seed} "
                                                f"--steps {steps} (VQ: the file of that sha256)"}]
-    mar = shipped_info("shipped_mar.json")
-    mar["tokenizer"].update(tokenizer_metrics(vq, held_images * 2 - 1))
-    for name, content in (("shipped.json", info), ("shipped_mar.json", mar)):
+    records = {"shipped.json": info}
+    for family in FAMILIES.values():  # the pairs trained on this tokenizer whose records measure it (MAR's)
+        if family.remeasure_tokenizer is not None:
+            name, record = family.call("remeasure_tokenizer", vq, held_images * 2 - 1)
+            records[name] = record
+    for name, content in records.items():
         tmp = weights / f"{name}.tmp"
         tmp.write_text(json.dumps(content, indent=2) + "\n")
         os.replace(tmp, weights / name)

@@ -15,7 +15,7 @@ from vvs.errors import VVSError
 @click.option("--seed", type=int, default=0, show_default=True)
 def train_all(out, seed):
     from vvs.output import ensure_writable_dir
-    from vvs.train.shipped import reproduce
+    from vvs.families.llamagen.train_shipped import reproduce
 
     ensure_writable_dir(Path(out))
     weights = reproduce(Path(out), seed)

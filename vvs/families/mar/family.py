@@ -50,6 +50,7 @@ FAMILY = Family(
     build_backends=("tensorrt-rtx",),
     run_backends=("onnxruntime", "torch"),
     train_commands=(f"{M}.commands:train_mar_cmd",),
+    remeasure_tokenizer=f"{M}.train:remeasured_record",
     instead={
         "tensorrt": "MAR folders build for tensorrt-rtx only so far; use --backend tensorrt-rtx or onnxruntime",
         "run tensorrt": "vvs does not run MAR plans yet",

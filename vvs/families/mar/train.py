@@ -15,6 +15,7 @@ from vvs.files import follow_umask
 from vvs.families.mar.latents import VQLatents
 from vvs.families.mar.model import MAR, mar_config, patchify
 from vvs.models.vq import VQModel
+from vvs.shipped import shipped_info
 from vvs.train.data import balanced_labels, load_photos, random_crops
 from vvs.train.loop import Schedule, train
 from vvs.train.shipped import HELDOUT_SEED, TRAIN_CROPS  # the same crops as the shipped LlamaGen model
@@ -97,6 +98,14 @@ def tokenizer_metrics(vq: VQModel, held: torch.Tensor) -> dict:
     return {"latent_scale": tokenizer.scale,
             "heldout_psnr_db_continuous": float(psnr(tokenizer.decode(tokenizer.encode(held)), held).mean()),
             "heldout_psnr_db_codes": float(tokenizer_psnr(vq, held).mean())}
+
+
+def remeasured_record(vq: VQModel, held: torch.Tensor) -> tuple[str, dict]:
+    """``shipped_mar.json`` with its tokenizer's measures taken anew on a retrained decoder (``vvs-train
+    decoder``): the pair's latents are the encoder's, which stays frozen, so only the measures change."""
+    info = shipped_info("shipped_mar.json")
+    info["tokenizer"].update(tokenizer_metrics(vq, held))
+    return "shipped_mar.json", info
 
 
 def reproduce_mar(out_dir: Path, vq_path: Path, seed: int = 0) -> Path:
