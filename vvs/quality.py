@@ -10,12 +10,16 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from scipy import linalg
 from torch import nn
+
+if TYPE_CHECKING:
+    from vvs.discrete.target import DiscreteTarget
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ def feature_stats(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def sequence_nll(model: nn.Module, labels: torch.Tensor, tokens: torch.Tensor, batch: int = 32) -> torch.Tensor:
+def sequence_nll(model: DiscreteTarget, labels: torch.Tensor, tokens: torch.Tensor, batch: int = 32) -> torch.Tensor:
     """Per-sequence mean negative log-likelihood (nats/token) under the target (its ``teacher_forced``),
     conditional, no guidance."""
     out = []
@@ -83,9 +87,9 @@ def sequence_nll(model: nn.Module, labels: torch.Tensor, tokens: torch.Tensor, b
 class Instruments:
     """All three measures for a batch of generated images (and their tokens)."""
 
-    def __init__(self, classifier: PhotoClassifier, target=None):
-        """``target``: the LlamaGen GPT whose NLL scores the tokens; None for models without token likelihoods
-        (MAR), which then get accuracy and FID only."""
+    def __init__(self, classifier: PhotoClassifier, target: DiscreteTarget | None = None):
+        """``target``: the discrete-token target whose NLL scores the tokens; None for models without token
+        likelihoods (MAR), which then get accuracy and FID only."""
         self.classifier = classifier.eval()
         self.target = target.eval() if target is not None else None
 

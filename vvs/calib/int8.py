@@ -30,6 +30,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from vvs.discrete.bundle import ModelBundle
+    from vvs.discrete.target import DiscreteTarget
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class QDQLinear(nn.Module):
 
 
 @torch.no_grad()
-def activation_absmax(target: nn.Module, layout: Int8Layout, condition: torch.Tensor, tokens: torch.Tensor,
+def activation_absmax(target: DiscreteTarget, layout: Int8Layout, condition: torch.Tensor, tokens: torch.Tensor,
                       mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """Per-input-channel |activation| maxima of every quantized linear layer over the teacher-forced rows
     ``condition ‖ tokens`` (conditional and null rows alike)."""
@@ -133,8 +134,8 @@ def _smoothing(act_absmax: torch.Tensor, weights: list[torch.Tensor], alpha: flo
 
 
 @torch.no_grad()
-def quantize_target(target: nn.Module, layout: Int8Layout, stats: dict[str, torch.Tensor],
-                    alpha: float = 0.5) -> nn.Module:
+def quantize_target(target: DiscreteTarget, layout: Int8Layout, stats: dict[str, torch.Tensor],
+                    alpha: float = 0.5) -> DiscreteTarget:
     """A copy of ``target`` with SmoothQuant applied and every block linear replaced by :class:`QDQLinear`."""
     q = copy.deepcopy(target).eval()
     absmax = {k: v.clone() for k, v in stats.items()}
