@@ -61,6 +61,34 @@ def test_the_import_graph_has_no_cycle():
             visit(name, [name])
 
 
+def test_only_the_registry_leads_from_shared_code_into_a_family():
+    """No module outside the families (the shared core, vvs/discrete and the tools) imports a family's package, at
+    the top or inside a function: it reaches a family through the registry's records and their dotted entry points
+    (``vvs.families.registry``, ``vvs.families.base``)."""
+    known = module_names()
+    packages = {f"vvs.families.{p.parent.name}" for p in (VVS / "families").glob("*/__init__.py")}
+    offenders = [f"{name} imports {target}" for name, path in sorted(known.items())
+                 if not name.startswith("vvs.families") for target in sorted(imports(path, known) & packages)]
+    assert packages and not offenders, "\n".join(offenders)
+
+
+def test_every_discrete_target_meets_the_contract():
+    """Each discrete-token family's target module and config offer what the shared machinery asks of them."""
+    from vvs.discrete.target import DiscreteTarget, TargetConfig
+    from vvs.families.janus_pro.model import janus_config
+    from vvs.families.llamagen.gpt import gpt_config
+    from vvs.families.lumina_mgpt.model import lumina_config
+
+    configs = {"llamagen": gpt_config("GPT-tiny"), "janus-pro": janus_config("Janus-tiny"),
+               "lumina-mgpt": lumina_config("Lumina-tiny")}
+    assert {name for name, f in FAMILIES.items() if f.target_arch is not None} == set(configs)
+    members = [m for m in vars(TargetConfig) if not m.startswith("_")]
+    for name, config in configs.items():
+        target = FAMILIES[name].entry("target_arch").model(config)
+        assert isinstance(target, DiscreteTarget), name
+        assert [m for m in members if not hasattr(target.config, m)] == [], name
+
+
 FAMILY_BRANCH = re.compile(r"""(family|model)\s*[!=]=\s*["']|is_mar\b|MAREngineSet|\bisinstance\([^)]*(MAR|GPT)""")
 
 
@@ -82,7 +110,8 @@ def test_every_family_is_one_package_and_its_entry_points_resolve():
         assert (VVS / "families" / name.replace("-", "_") / "family.py").is_file()
         for field in ENTRY_POINTS:
             if getattr(family, field) is not None:
-                assert getattr(family, field).startswith(("vvs.families.", "vvs.discrete.", "vvs.runtime.", "vvs.tune")), field
+                prefixes = ("vvs.families.", "vvs.discrete.", "vvs.runtime.", "vvs.tune")
+                assert getattr(family, field).startswith(prefixes), field
                 assert callable(family.entry(field)), (name, field)
         for model in family.model_configs:
             assert isinstance(family.config_class(model), type)
