@@ -32,11 +32,11 @@ SHAPES = [TreeShape(4, 2, 1), TreeShape(59, 4, 10)]  # the chain --tune picks on
 
 
 def export_random(size: str, vocab: int, folder: Path, drafter_weights: str = "fp32") -> None:
+    from vvs.discrete.bundle import ModelBundle
+    from vvs.discrete.drafter import Drafter, DrafterConfig
     from vvs.discrete.exporter import export_folder
     from vvs.families.llamagen.gpt import GPT, gpt_config
     from vvs.models.vq import VQModel, vq_config
-    from vvs.discrete.bundle import ModelBundle
-    from vvs.discrete.drafter import Drafter, DrafterConfig
 
     torch.manual_seed(0)
     target = GPT(gpt_config(size, vocab_size=vocab)).eval()

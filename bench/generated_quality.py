@@ -17,13 +17,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from vvs.families.llamagen.bundle import load_bundle  # noqa: E402
-
-from vvs.shipped import SHIPPED_DIR, shipped_info  # noqa: E402
 from vvs.discrete.engines import torch_engines  # noqa: E402
+from vvs.families.llamagen.bundle import load_bundle  # noqa: E402
 from vvs.quality import Instruments, top_left_speck_ratio  # noqa: E402
 from vvs.runtime.options import DecodeOptions  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402
+from vvs.shipped import SHIPPED_DIR, shipped_info  # noqa: E402
 from vvs.train.shipped import load_classifier  # noqa: E402
 
 SET_SIZE = 32

@@ -29,17 +29,17 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from vvs.discrete.bundle import ModelBundle  # noqa: E402
+from vvs.discrete.engines import torch_engines  # noqa: E402
 from vvs.engines.buckets import buckets  # noqa: E402
 from vvs.engines.cuda_graphs import GraphedEngine, capture_graphs  # noqa: E402
-from vvs.discrete.engines import torch_engines  # noqa: E402
 from vvs.export.spec import sample_inputs  # noqa: E402
-from vvs.discrete.bundle import ModelBundle  # noqa: E402
 from vvs.families.llamagen.bundle import load_bundle  # noqa: E402
-from vvs.shipped import shipped_info  # noqa: E402
 from vvs.families.llamagen.inflate import inflate_bundle  # noqa: E402
 from vvs.runtime.cache import KVCache  # noqa: E402
 from vvs.runtime.options import DecodeOptions  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402
+from vvs.shipped import shipped_info  # noqa: E402
 
 MODES = ("ar", "sd", "lantern", "vvs", "sjd", "sjd-pac", "gsd")
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vvs.engines.tensorrt_build import build_folder, parse_compute_capabilities  # noqa: E402
 from vvs.discrete.exporter import export_folder  # noqa: E402
+from vvs.engines.tensorrt_build import build_folder, parse_compute_capabilities  # noqa: E402
 from vvs.families.llamagen.bundle import load_bundle  # noqa: E402
 from vvs.shipped import shipped_info  # noqa: E402
 

@@ -25,15 +25,15 @@ import torch  # noqa: E402
 
 from vvs.discrete.engines import torch_engines  # noqa: E402
 from vvs.families.llamagen.bundle import load_bundle  # noqa: E402
-from vvs.shipped import shipped_info, shipped_path  # noqa: E402
+from vvs.families.mar.train import tokenizer_metrics  # noqa: E402
 from vvs.models.loading import load_vq  # noqa: E402
 from vvs.models.vq import VQModel, vq_config  # noqa: E402
 from vvs.output import grid_image  # noqa: E402
 from vvs.quality import top_left_speck_ratio  # noqa: E402
 from vvs.runtime.options import DecodeOptions  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402
+from vvs.shipped import shipped_info, shipped_path  # noqa: E402
 from vvs.train.classifier import real_crops  # noqa: E402
-from vvs.families.mar.train import tokenizer_metrics  # noqa: E402
 from vvs.train.shipped import HELDOUT_SEED  # noqa: E402
 from vvs.train.tokenizer import (REGIONS, flat_grid_deviation, interior_codes, region_errors,  # noqa: E402
                                  top_left_excess)

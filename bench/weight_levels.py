@@ -21,11 +21,11 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
 
+from vvs.discrete.drafter import DrafterConfig  # noqa: E402
+from vvs.discrete.graphs import TargetVerify, graph_specs  # noqa: E402
 from vvs.export.onnx_export import export_graph  # noqa: E402
 from vvs.export.weight_only import quantize_weights  # noqa: E402
 from vvs.families.llamagen.gpt import GPT, gpt_config  # noqa: E402
-from vvs.discrete.graphs import TargetVerify, graph_specs  # noqa: E402
-from vvs.discrete.drafter import DrafterConfig  # noqa: E402
 from vvs.models.vq import vq_config  # noqa: E402
 from vvs.runtime.options import TreeShape  # noqa: E402
 

@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from vvs.discrete.bundle import ModelBundle
 from vvs.discrete.engines import torch_engines
+from vvs.discrete.train_drafter import train_drafter
 from vvs.families.llamagen.gpt import GPT, gpt_config
 from vvs.models.vq import VQModel, vq_config
-from vvs.discrete.bundle import ModelBundle
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
-from vvs.discrete.train_drafter import train_drafter
 
 TINY_CLASSES = ["tench", "goldfish", "great white shark", "tiger shark", "hammerhead", "electric ray", "stingray",
                 "cock", "hen", "ostrich"]  # the tiny c2i folder's class names (ImageNet's first ten)
@@ -151,8 +151,8 @@ def janus_int8_folder(janus_bundle, tmp_path_factory):
 @pytest.fixture(scope="session")
 def janus_folder(janus_bundle, tmp_path_factory):
     """An engine folder exported from the small Janus bundle, with the official sampling defaults."""
-    from vvs.families.janus_pro.family import SAMPLING
     from vvs.discrete.exporter import export_folder
+    from vvs.families.janus_pro.family import SAMPLING
 
     out = tmp_path_factory.mktemp("janus-engines") / "engines-janus"
     small = {"tree_size": 6, "depth": 2, "draft_top_k": 2, "lantern_k": 4}

@@ -115,10 +115,10 @@ def small_janus_bundle(tmp: Path, seed: int = 0):
     """A tiny random Janus-architecture target (256 codes, a 4 x 4 grid, 12 prompt slots; its head sharpened so
     that sampling has structure), a tiny VQ, the stand-in tokenizer, and a drafter briefly trained on the target's
     own samples for the prompts of :data:`WORDS`, so that drafts get accepted."""
-    from vvs.families.janus_pro.model import JanusGen, janus_config
-    from vvs.families.janus_pro.prompts import PromptIds
     from vvs.discrete.bundle import ModelBundle
     from vvs.discrete.train_drafter import train_drafter
+    from vvs.families.janus_pro.model import JanusGen, janus_config
+    from vvs.families.janus_pro.prompts import PromptIds
     from vvs.models.layers import caption_causal_mask
 
     torch.manual_seed(seed)

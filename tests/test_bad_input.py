@@ -20,10 +20,10 @@ from vvs.cli.export import main as export_main
 from vvs.cli.run import main as run_main
 from vvs.cli.serve import main as serve_main
 from vvs.cli.train import main as train_main
+from vvs.discrete.exporter import export_folder
 from vvs.engines import load_engines
 from vvs.engines.manifest import EngineFolderError
 from vvs.errors import VVSError
-from vvs.discrete.exporter import export_folder
 from vvs.runtime.options import DecodeOptions, OptionsError
 from vvs.runtime.pipeline import Pipeline
 

@@ -12,11 +12,11 @@ from vvs.discrete.graphs import DrafterStep, Proposer
 from vvs.runtime.cache import KVCache, RowLayout
 from vvs.runtime.captured import CapturedCycle
 from vvs.runtime.decode import Decoding
-from vvs.runtime.speculation import Speculation
 from vvs.runtime.loops import start
 from vvs.runtime.options import DecodeOptions, TreeShape
 from vvs.runtime.pipeline import Pipeline
 from vvs.runtime.sampling import Processor, cfg_matrix
+from vvs.runtime.speculation import Speculation
 from vvs.runtime.tree import TreeDrafter
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from conftest import SMALL
+from vvs.discrete.graphs import build_graphs, graph_specs
 from vvs.engines import load_engines
 from vvs.engines.manifest import EngineFolderError
 from vvs.export.onnx_export import export_graph
 from vvs.export.spec import sample_inputs
-from vvs.discrete.graphs import build_graphs, graph_specs
 from vvs.files import umask
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
@@ -218,9 +218,9 @@ def test_a_quantised_drafter_runs_on_onnxruntime_and_changes_no_exact_token(bund
     for another shape; greedy ``sd`` still decodes exactly the ``ar`` tokens. TensorRT-RTX (int8: int4 builds, see
     tests/test_weight_only.py) and half precision refuse it in one line."""
 
+    from vvs.discrete.exporter import export_folder
     from vvs.engines.tensorrt_build import BuildError, build_folder
     from vvs.errors import VVSError
-    from vvs.discrete.exporter import export_folder
     from vvs.runtime.options import TreeShape
     from vvs.runtime.pipeline import Pipeline
 
@@ -256,8 +256,8 @@ def test_a_quantised_drafter_runs_on_onnxruntime_and_changes_no_exact_token(bund
 def test_force_replaces_a_folder_of_an_earlier_format(bundle_factory, tmp_path):
     """A user upgrading vvs re-exports over the folder the earlier version wrote: ``--force`` takes a format-1
     folder (its manifest kept in tests/golden/old_folders), and without ``--force`` the message says to pass it."""
-    from vvs.errors import VVSError
     from vvs.discrete.exporter import export_folder
+    from vvs.errors import VVSError
 
     out = tmp_path / "engines"
     out.mkdir()

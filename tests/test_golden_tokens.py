@@ -42,22 +42,22 @@ def recorded_threads():
 
 
 def c2i_pipeline():
-    from vvs.families.llamagen.bundle import load_bundle
-    from vvs.shipped import shipped_info
     from vvs.discrete.engines import torch_engines
+    from vvs.families.llamagen.bundle import load_bundle
     from vvs.runtime.options import DecodeOptions
     from vvs.runtime.pipeline import Pipeline
+    from vvs.shipped import shipped_info
 
     return Pipeline(torch_engines(load_bundle(), dtype=torch.float64),
                     DecodeOptions.from_dict(shipped_info()["decoding_defaults"]))
 
 
 def t2i_pipeline():
-    from vvs.families.llamagen.bundle import load_bundle
-    from vvs.shipped import shipped_info, shipped_text_encoder
     from vvs.discrete.engines import torch_engines, torch_text_encoder
+    from vvs.families.llamagen.bundle import load_bundle
     from vvs.runtime.options import DecodeOptions
     from vvs.runtime.pipeline import Pipeline
+    from vvs.shipped import shipped_info, shipped_text_encoder
 
     bundle = load_bundle(t2i=True)
     engines = torch_engines(bundle, dtype=torch.float64)

@@ -8,8 +8,8 @@ import copy
 import pytest
 import torch
 
-from vvs.engines.cuda_graphs import GraphedEngine, capture_graphs
 from vvs.discrete.engines import torch_engines
+from vvs.engines.cuda_graphs import GraphedEngine, capture_graphs
 from vvs.export.spec import sample_inputs
 from vvs.runtime.pipeline import Pipeline
 

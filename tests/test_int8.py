@@ -5,8 +5,8 @@ import torch
 from onnx import numpy_helper
 
 from conftest import JANUS_PROMPTS, SMALL
-from vvs.engines import load_engines
 from vvs.discrete.exporter import export_folder
+from vvs.engines import load_engines
 from vvs.runtime.options import DecodeOptions
 
 

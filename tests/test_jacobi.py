@@ -124,9 +124,9 @@ def test_the_window_is_a_tree_then_a_chain():
 def test_a_folder_without_a_drafter_runs_the_window_modes(bundle_factory, tmp_path):
     """Exported without a drafter: no draft_tree graph and no drafter weights; ONNX Runtime and torch open it, ar
     and the window modes run (greedy tokens equal across backends), and a drafter mode is one clear error."""
-    from vvs.engines import load_engines
     from vvs.discrete.bundle import ModelBundle
     from vvs.discrete.exporter import export_folder
+    from vvs.engines import load_engines
     from vvs.runtime.options import OptionsError
     from vvs.runtime.pipeline import Pipeline
 

@@ -122,8 +122,8 @@ def test_prompt_is_the_official_conversation_and_the_null_keeps_bos_and_image_st
 def bundle(official):
     """The official folder's target and VQ with a random drafter of the target's width (an untrained drafter:
     speculative modes accept little, exact ones must still give the target's tokens)."""
-    from vvs.families.janus_pro.bundle import load_bundle
     from vvs.discrete.drafter import Drafter, DrafterConfig
+    from vvs.families.janus_pro.bundle import load_bundle
     from vvs.models.loading import save_model
 
     folder, target, _ = official
@@ -183,8 +183,8 @@ def test_an_exported_folder_decodes_as_the_torch_modules_on_onnxruntime(janus_bu
     torch modules' tokens, greedy ar and sd, sampled sd draw for draw, and vvs to pixels."""
     import json
 
-    from vvs.engines import load_engines
     from vvs.discrete.engines import torch_engines
+    from vvs.engines import load_engines
     from vvs.runtime.pipeline import Pipeline
 
     manifest = json.loads((janus_folder / "manifest.json").read_text())

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import save_file
 
 from vvs.discrete.drafter import Drafter, DrafterConfig
-from vvs.families.llamagen.gpt import GPT, gpt_config
-from vvs.models.layers import causal_mask
 from vvs.discrete.loading import load_drafter
+from vvs.families.llamagen.gpt import GPT, gpt_config
 from vvs.families.llamagen.loading import load_gpt
+from vvs.models.layers import causal_mask
 from vvs.models.loading import CheckpointError, load_vq, save_model
 from vvs.models.vq import VQModel, vq_config
 

@@ -276,9 +276,9 @@ def test_the_fp16_verify_graph_is_within_half_precision_error(with_drafter, tmp_
     import numpy as np
     import onnxruntime as ort
 
+    from vvs.discrete.graphs import build_graphs, graph_specs
     from vvs.export.onnx_export import export_graph
     from vvs.export.spec import sample_inputs
-    from vvs.discrete.graphs import build_graphs, graph_specs
     from vvs.models.layers import cast_floating
 
     cfg, tree = with_drafter.target.config, DecodeOptions(**SMALL_TREE).tree

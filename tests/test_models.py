@@ -4,8 +4,7 @@ import torch
 
 from vvs.discrete.drafter import Drafter, DrafterConfig
 from vvs.families.llamagen.gpt import GPT, gpt_config
-from vvs.models.layers import causal_mask
-from vvs.models.layers import Rotary, apply_rope, rope_2d_table
+from vvs.models.layers import Rotary, apply_rope, causal_mask, rope_2d_table
 
 TOL = 1e-5
 

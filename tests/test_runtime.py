@@ -6,10 +6,10 @@ from conftest import SMALL
 from exactness import conditionals
 
 from vvs.runtime.decode import Decoding
-from vvs.runtime.speculation import Speculation
 from vvs.runtime.loops import run
 from vvs.runtime.options import DecodeOptions, OptionsError
 from vvs.runtime.pipeline import Pipeline
+from vvs.runtime.speculation import Speculation
 
 
 @pytest.fixture(scope="module")

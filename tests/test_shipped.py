@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from vvs.discrete.engines import torch_engines, torch_text_encoder
+from vvs.engines.manifest import sha256
 from vvs.families.llamagen.bundle import load_bundle
-from vvs.shipped import SHIPPED_DIR, shipped_info, shipped_text_encoder
 from vvs.quality import Instruments, top_left_speck_ratio
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
+from vvs.shipped import SHIPPED_DIR, shipped_info, shipped_text_encoder
 from vvs.train.classifier import accuracy, real_crops
 from vvs.train.data import PHOTOS
-from vvs.engines.manifest import sha256
 from vvs.train.shipped import HELDOUT_SEED, load_classifier
 from vvs.train.tokenizer import flat_grid_deviation, region_errors, tokenizer_psnr, top_left_excess
 
@@ -133,8 +133,8 @@ def test_mar_weights_match_their_description():
 def test_mar_samples_show_their_class(classifier):
     """One AR and one CSpD image for every other class with the shipped defaults: both recognisably
     class-conditional."""
-    from vvs.families.mar.engines import torch_mar_engines
     from vvs.families.mar.bundle import load_mar_bundle
+    from vvs.families.mar.engines import torch_mar_engines
     from vvs.families.mar.pipeline import MARPipeline
 
     b = load_mar_bundle()

@@ -10,13 +10,13 @@ import torch
 
 import fake_tensorrt
 from conftest import SMALL
+from vvs.discrete.engines import load_tensorrt
+from vvs.discrete.exporter import export_folder
 from vvs.engines import load_engines
 from vvs.engines.buckets import buckets
 from vvs.engines.manifest import EngineFolderError, graph_spec, read_manifest
-from vvs.discrete.engines import load_tensorrt
 from vvs.engines.tensorrt_build import BuildError, build_folder, shape_ranges
 from vvs.errors import VVSError
-from vvs.discrete.exporter import export_folder
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
 

@@ -126,9 +126,9 @@ def test_top1_agreement_with_the_float32_target(folders):
 @pytest.fixture(scope="module")
 def shipped_folders(tmp_path_factory):
     """The shipped model (1,024 codes) exported at each precision, as ``vvs-export --weights W`` does."""
+    from vvs.discrete.exporter import export_folder
     from vvs.families.llamagen.bundle import load_bundle
     from vvs.shipped import shipped_info
-    from vvs.discrete.exporter import export_folder
 
     bundle, root = load_bundle(), tmp_path_factory.mktemp("shipped-weights")
     folders = {}

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from vvs.engines.base import EngineSet, folder_graphs
-from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, verify_files
-from vvs.engines.torch_backend import TorchEngine
 from vvs.discrete.bundle import ModelBundle
 from vvs.discrete.graphs import DraftTreeGraph, build_graphs, draft_tree_spec, graph_specs
 from vvs.discrete.loading import load_drafter
+from vvs.engines.base import EngineSet, folder_graphs
+from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, verify_files
+from vvs.engines.torch_backend import TorchEngine
 from vvs.errors import VVSError
 from vvs.export.spec import DTYPE_NAMES
 from vvs.families.registry import family_of
@@ -83,9 +83,9 @@ def prompt_tokenizer(folder: Path, manifest: dict) -> Path | None:
 
 
 def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | None = None) -> EngineSet:
+    from vvs.discrete.exporter import export_tree
     from vvs.engines.manifest import read_manifest
     from vvs.engines.onnxruntime_backend import open_graphs, open_session, session_options
-    from vvs.discrete.exporter import export_tree
 
     folder, device = Path(folder), torch.device(device)
     manifest = read_manifest(folder)

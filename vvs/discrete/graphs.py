@@ -9,9 +9,9 @@ import copy
 import torch
 from torch import nn
 
-from vvs.export.spec import GraphSpec, TensorSpec
 from vvs.discrete.drafter import Drafter
 from vvs.discrete.target import DiscreteTarget
+from vvs.export.spec import GraphSpec, TensorSpec
 from vvs.models.vq import VQModel
 from vvs.runtime.cache import causal_within
 from vvs.runtime.options import TreeShape

@@ -4,12 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from vvs.calib.int8 import LLAMA_INT8
+from vvs.discrete.arch import TargetArch, prompt_calibration
 from vvs.errors import VVSError
 from vvs.families.janus_pro.loading import load_janus
 from vvs.families.janus_pro.model import JanusConfig, JanusGen
 from vvs.families.janus_pro.prompts import PromptIds, null
 from vvs.text.prompts import PromptConditioning
-from vvs.discrete.arch import TargetArch, prompt_calibration
 
 
 def _conditioning(config: JanusConfig, tables: dict, model_info: dict, tokenizer: Path | None):

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vvs.discrete.bundle import ModelBundle, with_prompt_slots
+from vvs.discrete.loading import load_drafter
 from vvs.errors import VVSError
 from vvs.families.janus_pro.family import SAMPLING
 from vvs.families.janus_pro.loading import load_janus, load_official
-from vvs.discrete.bundle import ModelBundle, with_prompt_slots
-from vvs.shipped import shipped_info, shipped_path
-from vvs.discrete.loading import load_drafter
 from vvs.models.hub import folder_name
 from vvs.models.loading import load_vq
+from vvs.shipped import shipped_info, shipped_path
 
 FAMILY = "janus-pro"
 PROMPT_TOKENS = 64  # an official folder's prompt slots unless --prompt-tokens says otherwise

@@ -34,10 +34,10 @@ def train_janus_drafter_cmd(checkpoint, data, out, steps, batch, lr, seed):
     import numpy as np
     import torch
 
+    from vvs.discrete.train_drafter import train_drafter
     from vvs.errors import VVSError
     from vvs.families.janus_pro.loading import load_official, official_config
     from vvs.families.janus_pro.prompts import PromptIds
-    from vvs.discrete.train_drafter import train_drafter
     from vvs.models.loading import save_model
     from vvs.output import ensure_writable_dir
 

@@ -20,17 +20,16 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, SentencePieceUnigramTokenizer, Tokenizer
 
+from vvs.discrete.loading import load_drafter
+from vvs.discrete.train_data import CAPTIONS, caption_list, random_captions, tokenize_crops
+from vvs.discrete.train_drafter import train_drafter
 from vvs.families.janus_pro.loading import SPECIAL_TOKENS, load_janus
 from vvs.families.janus_pro.model import JanusGen, janus_config
 from vvs.families.janus_pro.prompts import ASSISTANT, USER, PromptIds
-from vvs.discrete.loading import load_drafter
-from vvs.discrete.train_drafter import train_drafter
-from vvs.discrete.train_data import CAPTIONS, caption_list, random_captions
-from vvs.train.shipped import TRAIN_CROPS
-from vvs.discrete.train_data import tokenize_crops
 from vvs.models.layers import caption_causal_mask
 from vvs.models.loading import save_model
 from vvs.train.loop import Schedule, train
+from vvs.train.shipped import TRAIN_CROPS
 from vvs.train.tokenizer import IMAGE_SIZE
 
 SIZE = "Janus-vvs-S"

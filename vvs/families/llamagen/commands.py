@@ -14,8 +14,8 @@ from vvs.errors import VVSError
 @click.option("--out", type=click.Path(file_okay=False), default="runs/shipped", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 def train_all(out, seed):
-    from vvs.output import ensure_writable_dir
     from vvs.families.llamagen.train_shipped import reproduce
+    from vvs.output import ensure_writable_dir
 
     ensure_writable_dir(Path(out))
     weights = reproduce(Path(out), seed)
@@ -32,9 +32,9 @@ def train_all(out, seed):
 @click.option("--start", type=click.Path(dir_okay=False, exists=True), default=None,
               help="The class-conditional target of the same images to start from. Default: the shipped one.")
 def train_t2i_cmd(out, seed, vq, start):
-    from vvs.shipped import shipped_path
-    from vvs.output import ensure_writable_dir
     from vvs.families.llamagen.train_t2i import reproduce_t2i
+    from vvs.output import ensure_writable_dir
+    from vvs.shipped import shipped_path
 
     ensure_writable_dir(Path(out))
     weights = reproduce_t2i(Path(out), Path(vq) if vq else shipped_path("vq"),
@@ -58,11 +58,11 @@ def train_drafter_cmd(checkpoint, config, t2i, data, out, steps, batch, lr, seed
     import numpy as np
     import torch
 
+    from vvs.discrete.train_drafter import train_drafter
     from vvs.families.llamagen.gpt import gpt_config
     from vvs.families.llamagen.loading import load_gpt
     from vvs.models.loading import save_model
     from vvs.output import ensure_writable_dir
-    from vvs.discrete.train_drafter import train_drafter
 
     ensure_writable_dir(Path(out))
     try:

@@ -7,8 +7,8 @@ import dataclasses
 from pathlib import Path
 
 from vvs.calib.int8 import LLAMA_INT8
-from vvs.errors import VVSError
 from vvs.discrete.arch import TargetArch, prompt_calibration
+from vvs.errors import VVSError
 from vvs.families.lumina_mgpt.loading import load_lumina, load_vqgan
 from vvs.families.lumina_mgpt.model import ChameleonConfig, ChameleonGen
 from vvs.families.lumina_mgpt.prompts import PromptIds, null

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vvs.errors import VVSError
 from vvs.discrete.bundle import ModelBundle, with_prompt_slots
-from vvs.shipped import shipped_info, shipped_path
 from vvs.discrete.loading import load_drafter
+from vvs.errors import VVSError
 from vvs.families.lumina_mgpt.family import SAMPLING
 from vvs.families.lumina_mgpt.loading import load_lumina, load_official, load_official_vqgan, load_vqgan
 from vvs.models.hub import folder_name
 from vvs.models.loading import CheckpointError
+from vvs.shipped import shipped_info, shipped_path
 
 FAMILY = "lumina-mgpt"
 TOKENIZER_FILES = ("tokenizer.json", "text_tokenizer.json")  # the checkpoint's own, or Chameleon's

@@ -39,8 +39,8 @@ def train_lumina_drafter_cmd(checkpoint, tokenizer_dir, data, out, steps, batch,
     import numpy as np
     import torch
 
-    from vvs.errors import VVSError
     from vvs.discrete.train_drafter import train_drafter
+    from vvs.errors import VVSError
     from vvs.families.lumina_mgpt.bundle import load_bundle
     from vvs.families.lumina_mgpt.model import ChameleonGen
     from vvs.families.lumina_mgpt.prompts import PromptIds, null

@@ -31,10 +31,8 @@ from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, SentencePieceBPETokenizer, Tokenizer
 
 from vvs.discrete.loading import load_drafter
+from vvs.discrete.train_data import CAPTIONS, caption_list, random_captions, tokenize_crops
 from vvs.discrete.train_drafter import train_drafter
-from vvs.discrete.train_data import CAPTIONS, caption_list, random_captions
-from vvs.train.shipped import TRAIN_CROPS
-from vvs.discrete.train_data import tokenize_crops
 from vvs.families.lumina_mgpt.loading import IMAGE_PREFIX, PAD_TOKEN, SPECIAL_TOKENS, load_lumina
 from vvs.families.lumina_mgpt.model import ChameleonConfig, ChameleonGen, lumina_config
 from vvs.families.lumina_mgpt.prompts import PromptIds, instruction, null
@@ -43,6 +41,7 @@ from vvs.models.layers import caption_causal_mask
 from vvs.models.loading import save_model
 from vvs.models.vq import VQModel
 from vvs.train.loop import Schedule, train
+from vvs.train.shipped import TRAIN_CROPS
 from vvs.train.tokenizer import IMAGE_SIZE
 
 SIZE = "Lumina-vvs-S"

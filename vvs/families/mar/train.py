@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from vvs.files import follow_umask
 from vvs.families.mar.latents import VQLatents
 from vvs.families.mar.model import MAR, mar_config, patchify
+from vvs.files import follow_umask
 from vvs.models.vq import VQModel
 from vvs.shipped import shipped_info
 from vvs.train.data import balanced_labels, load_photos, random_crops
