@@ -9,7 +9,6 @@ Usage: python bench/weight_levels.py [--size GPT-B] [--threads 2] [--repeats 15]
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,6 @@ import torch  # noqa: E402
 from vvs.discrete.drafter import DrafterConfig  # noqa: E402
 from vvs.discrete.graphs import TargetVerify, graph_specs  # noqa: E402
 from vvs.export.onnx_export import export_graph  # noqa: E402
-from vvs.export.weight_only import quantize_weights  # noqa: E402
 from vvs.families.llamagen.gpt import GPT, gpt_config  # noqa: E402
 from vvs.models.vq import vq_config  # noqa: E402
 from vvs.runtime.options import TreeShape  # noqa: E402
@@ -85,8 +83,8 @@ def main():
     for weights in ("int8", "int4"):
         quantised = folder / f"target_verify-{weights}.onnx"
         if not quantised.is_file():
-            shutil.copyfile(fp32, quantised)
-            quantize_weights(quantised, weights)
+            export_graph(TargetVerify(target).eval(), spec, quantised, cfg.vocab_size, cfg.max_positions - 1,
+                         weights=weights)
         for level in (0, 2, 4):
             path = with_level(quantised, level, folder / f"target_verify-{weights}-level{level}.onnx")
             try:

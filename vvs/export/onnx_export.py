@@ -56,6 +56,7 @@ def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: in
     for name, value in model.graph.initializers.items():
         if name in sources and getattr(value.const_value, "raw", None) is not None and value.const_value.raw.is_meta:
             value.const_value = lazy_weight(sources[name], value)
+    transpose_lazily(model.graph)
     program.optimize()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -82,10 +83,34 @@ def lazy_weight(source: torch.Tensor, value: ir.Value) -> ir.LazyTensor:
     """``source`` in the dtype the graph stores it in, computed when the file is written."""
     def tensor() -> ir.Tensor:
         array = source.detach()
-        array = array.float().numpy().astype(value.dtype.numpy()) if array.is_floating_point() else array.numpy()
-        return ir.Tensor(np.ascontiguousarray(array), name=value.name)
+        if array.is_floating_point():
+            return ir.Tensor(np.ascontiguousarray(array.float().numpy().astype(value.dtype.numpy(), copy=False)),
+                             name=value.name)
+        return ir.Tensor(np.ascontiguousarray(array.numpy()), name=value.name)
 
     return ir.LazyTensor(tensor, dtype=value.dtype, shape=value.shape, name=value.name)
+
+
+def transpose_lazily(graph: ir.Graph) -> None:
+    """``Transpose`` of a weight (torch's exporter writes a Linear as ``MatMul(x, Transpose(W))``) -> the transposed
+    weight, computed as the file is written: the optimiser would fold each into a new constant held in memory."""
+    for node in list(graph):
+        source = node.inputs[0] if node.op_type == "Transpose" else None
+        if source is None or not isinstance(source.const_value, ir.LazyTensor) or len(source.shape) != 2:
+            continue
+        perm = node.attributes.get_ints("perm", [1, 0])
+        if list(perm) != [1, 0]:
+            continue
+        weight = source.const_value
+        lazy = ir.LazyTensor(lambda weight=weight: ir.Tensor(np.ascontiguousarray(weight.numpy().T)),
+                             dtype=weight.dtype, shape=ir.Shape(reversed(source.shape)), name=f"{source.name}_t")
+        value = ir.Value(name=lazy.name, shape=lazy.shape, type=ir.TensorType(lazy.dtype), const_value=lazy)
+        if lazy.name not in graph.initializers:
+            graph.register_initializer(value)
+        node.outputs[0].replace_all_uses_with(graph.initializers[lazy.name])
+        graph.remove(node, safe=True)
+    for name in [n for n, v in graph.initializers.items() if not v.uses() and not v.is_graph_output()]:
+        graph.initializers.pop(name)
 
 
 def rename_dims(model: onnx.ModelProto, spec: GraphSpec) -> None:

@@ -12,10 +12,7 @@ integers and scales in the form its parser takes.
 """
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Callable
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -92,52 +89,8 @@ def _packed(graph: ir.Graph, matrix: ir.Value, read, bits: int, transposed: bool
     return values[0], values[1], k, n
 
 
-def fold_weight_transposes(model: onnx.ModelProto) -> None:
-    """``MatMul(x, Transpose(W))`` as torch's exporter writes a Linear -> ``MatMul(x, W^T)`` with ``W^T`` stored:
-    the quantiser only takes matrices that are initialisers."""
-    graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
-    for node in list(graph.node):
-        source = inits.get(node.input[0]) if node.op_type == "Transpose" else None
-        if source is not None and len(source.dims) == 2:
-            graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(source).T.copy(), node.output[0]))
-            graph.node.remove(node)
-    used = {name for node in graph.node for name in node.input}
-    for init in [i for i in graph.initializer if i.name not in used]:
-        graph.initializer.remove(init)
-
-
-def quantize_weights(path: Path, weights: str) -> list[Path]:
-    """Rewrite the ONNX file ``path`` with ``MatMulNBits`` of ``weights`` (a :data:`BITS` name) in place of its
-    constant-weight MatMuls (weights kept beside it in ``path.data``); returns the files it now consists of."""
-    root = logging.getLogger()
-    handlers, root_level = list(root.handlers), root.level
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-    root.handlers[:] = handlers  # importing it configures INFO logging for every library
-    root.setLevel(root_level)
-    path = Path(path)
-    model = onnx.load(str(path))
-    fold_weight_transposes(model)
-    quantiser_log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
-    level = quantiser_log.level
-    quantiser_log.setLevel(logging.WARNING)  # it logs every node it visits
-    try:
-        quantiser = MatMulNBitsQuantizer(model, bits=BITS[weights], block_size=BLOCK, is_symmetric=True,
-                                         accuracy_level=ACCURACY_LEVEL)
-        quantiser.process()
-    finally:
-        quantiser_log.setLevel(level)
-    data = path.with_name(path.name + ".data")
-    tmp = path.with_name(path.name + ".tmp")
-    onnx.save_model(quantiser.model.model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=1024)
-    os.replace(tmp, path)
-    return [path, data]
-
-
 def dequantize_form(model: onnx.ModelProto, to_float: bool = False) -> onnx.ModelProto:
-    """The same weights in the form TensorRT's parser takes: each ``MatMulNBits`` (as :func:`quantize_weights`
+    """The same weights in the form TensorRT's parser takes: each ``MatMulNBits`` (as :func:`as_matmul_nbits`
     writes it: symmetric, no zero points, no bias) -> ``DequantizeLinear`` of its int4 / int8 matrix with one scale
     per block of ``BLOCK`` rows (opset 21's ``block_size``) -> ``MatMul``; ``to_float``: a ``MatMul`` of those values
     stored as float32. The integers and scales are ONNX Runtime's, so every backend multiplies by the same
