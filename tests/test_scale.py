@@ -278,17 +278,21 @@ def test_a_size_that_does_not_fit_runs_at_the_deepest_depth_that_does():
     whose copies fit 80 % of the memory, never below the source's; none fits: None."""
     from vvs.families.janus_pro.inflate import inflated_config as janus_inflated
     from vvs.families.janus_pro.model import JanusGen, janus_config
-    from vvs.discrete.scale import FOLDER_COPIES, fitting_depth, total_parameters
+    from vvs.discrete.scale import PEAK_BYTES, fitting_depth, total_parameters
 
     full = janus_inflated(janus_config("Janus-vvs-S"), "Janus-Pro-7B")
     assert full.n_layer == 30
     per_layer = total_parameters(JanusGen, full) - total_parameters(JanusGen, replace(full, n_layer=29))
     at_12 = total_parameters(JanusGen, replace(full, n_layer=12))
-    memory = int(at_12 * 4 * FOLDER_COPIES / 0.8) + 1
+    memory = int(at_12 * PEAK_BYTES["fp32"] / 0.8) + 1
     assert fitting_depth(JanusGen, full, 10, memory) == 12
-    assert fitting_depth(JanusGen, full, 10, memory + int(per_layer * 4 * FOLDER_COPIES / 0.8)) == 13
+    assert fitting_depth(JanusGen, full, 10, memory + int(per_layer * PEAK_BYTES["fp32"] / 0.8) + 1) == 13
     assert fitting_depth(JanusGen, full, 10, 10**15) == 30
     assert fitting_depth(JanusGen, full, 13, memory) is None
+    # this machine's 24 GiB: Janus-Pro-7B whole at int4 and int8, float32 at a few layers only
+    assert fitting_depth(JanusGen, full, 10, 24 * 2**30, "int4") == 30
+    assert fitting_depth(JanusGen, full, 10, 24 * 2**30, "int8") == 30
+    assert fitting_depth(JanusGen, full, 10, 24 * 2**30) is None
 
 
 def test_the_target_time_scale_multiplies_the_target_seconds_only():

@@ -78,7 +78,9 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
     instruments = load_instruments(Path(engine_dir), manifest)  # an inflated pair's quality is its source's
     if scale is not None:
         ensure_writable_dir(Path(engine_dir).parent)
-        engine_dir = family.call("scale", Path(engine_dir), scale)
+        tree = {k: v for k, v in family_overrides(decoding, family).items()
+                if k in ("tree_size", "depth", "draft_top_k")}
+        engine_dir = family.call("scale", Path(engine_dir), scale, tree=tree)
         click.echo(family.call("describe_scale", read_manifest(engine_dir)))
     if instruments is not None and num_images < 2:
         raise VVSError("option --num-images: the quality statistics (FID) need at least 2 images per seed set")

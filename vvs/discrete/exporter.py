@@ -30,7 +30,6 @@ from vvs.errors import VVSError
 from vvs.export.folder import folder_transaction, tool_versions
 from vvs.export.onnx_export import export_graph
 from vvs.export.spec import DTYPES, GraphSpec
-from vvs.export.weight_only import quantize_weights
 from vvs.families.registry import family_of
 from vvs.models.layers import cast_floating
 from vvs.models.loading import save_model
@@ -49,13 +48,15 @@ FLOAT_GRAPHS = ("vq_decode",)  # pixels out of codes: no weight-only form, its c
 def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", max_draft_top_k: int = 10,
                   neighbours: int | None = None, decoding_defaults: dict | None = None,
                   extra_model_info: dict | None = None, progress: bool = True, force: bool = False,
-                  text_encoder: tuple | None = None, weights: str = "fp32", drafter_weights: str | None = None) -> dict:
+                  text_encoder: tuple | None = None, weights: str = "fp32", drafter_weights: str | None = None,
+                  torch_weights: bool = True) -> dict:
     """Export ``bundle`` into ``out_dir``; returns the manifest. ``neighbours``: LANTERN neighbours stored per
     code (default: the decoding defaults' ``lantern_k``). ``text_encoder``: a t2i target's ``transformers`` T5
     encoder and tokenizer (:func:`vvs.text.export.load_text_encoder`), exported as the ``text_encode`` graph.
     ``weights="int8"`` or ``"int4"``: the constant matrices of the target's and the drafter's graphs as ONNX
     Runtime's ``MatMulNBits`` (:mod:`vvs.export.weight_only`); ``drafter_weights``: the same for the draft_tree
-    graphs alone (None: as ``weights``)."""
+    graphs alone (None: as ``weights``). ``torch_weights=False``: the folder runs on the ONNX backends only (a scale
+    folder whose 7B target could not be saved beside its graphs in memory)."""
     if precision not in PRECISIONS:
         raise VVSError(f"option precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
     stored = weights_per_graph(weights, drafter_weights, precision, bundle.drafter is not None)
@@ -72,10 +73,11 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
     out_dir = Path(out_dir).resolve()
     with folder_transaction(out_dir, force) as work:
         source = bundle  # what the torch backend will load (int8: the fp32 models plus the calibration)
-        if PRECISIONS[precision] != torch.float32:
-            bundle = copy.deepcopy(bundle)  # casting happens in place; leave the caller's models as they were
-            if precision == "fp16":
-                source = bundle
+        if precision == "fp16":  # the torch backend runs the graphs' weights; leave the caller's models as they were
+            source = bundle = copy.deepcopy(bundle)
+            for model in (bundle.target, bundle.drafter, bundle.vq):
+                if model is not None:
+                    cast_floating(model, torch.float16)
         if precision == "int8":
             from vvs.calib.int8 import calibrate, int8_bundle
 
@@ -84,18 +86,15 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
         drafter = bundle.drafter and bundle.drafter.config
         specs = graph_specs(bundle.target.config, drafter, bundle.vq.config, defaults.tree, act)
         graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, defaults.tree)
-        for module in graphs.values():
-            cast_floating(module, PRECISIONS[precision])
         files: list[Path] = []
         entries = {}
         steps = tqdm(list(specs), desc="export", unit="graph", disable=not progress, dynamic_ncols=True)
         for name in steps:
             steps.set_postfix_str(name)
             written = export_graph(graphs[name], specs[name], work / f"{name}.onnx", vocab,
-                                   bundle.target.config.max_positions - 1)
+                                   bundle.target.config.max_positions - 1, PRECISIONS[precision],
+                                   stored[name] if stored[name] in WEIGHT_ONLY else None)
             onnx.checker.check_model(str(written[0]))
-            if stored[name] in WEIGHT_ONLY:
-                written = quantize_weights(written[0], stored[name])
             files += written
             entries[name] = {"file": written[0].name, "spec": specs[name].to_dict(), "weights": stored[name]}
         if drafter is not None:
@@ -114,7 +113,7 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
         # the torch weights too, so one folder serves every backend (and TensorRT rebuilds need only the ONNX)
         for name, model, kind in (("target", source.target, bundle.arch.kind), ("drafter", source.drafter, "drafter"),
                                   ("vq", source.vq, bundle.arch.vq_kind)):
-            if model is not None:
+            if model is not None and torch_weights:
                 files.append(save_model(model, work / TORCH_WEIGHTS[name], kind))
         if bundle.tokenizer is not None:  # the target reads prompt ids: its own tokenizer travels with it
             files.append(Path(shutil.copyfile(bundle.tokenizer, work / PROMPT_TOKENIZER)))
@@ -179,6 +178,10 @@ def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, Gr
     up a stale graph). Each use checks the graph against the size and sha256 recorded when it was exported, as a
     folder's own files are checked; a graph that fails (truncated, edited) is exported again."""
     folder = Path(folder)
+    if TORCH_WEIGHTS["target"] not in manifest["files"]:
+        raise VVSError(f"{folder} holds no torch weights to export the draft tree {tree.name} from (a scale folder of a "
+                       "weight-only target); give `vvs-bench --scale` the tree flags of the run, and it exports the "
+                       "folder with that tree")
     weights = "".join(manifest["files"][TORCH_WEIGHTS[m]]["sha256"][:8] for m in ("target", "drafter"))
     bits = graph_weights(manifest, "draft_tree")
     path = folder / TREES / f"draft_tree-{tree.name}-{weights}{'-' + bits if bits in WEIGHT_ONLY else ''}.onnx"
@@ -194,10 +197,9 @@ def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, Gr
     if damage is not None or not recorded:
         model = arch.load(folder / TORCH_WEIGHTS["target"])
         module = draft_tree_graph(model, load_drafter(folder / TORCH_WEIGHTS["drafter"], model.config), tree)
-        cast_floating(module, DTYPES[act])
         try:
-            written = export_graph(module, spec, path, target.vocab_size, target.max_positions - 1)
-            _record(path.parent, quantize_weights(path, bits) if bits in WEIGHT_ONLY else written)
+            _record(path.parent, export_graph(module, spec, path, target.vocab_size, target.max_positions - 1,
+                                              DTYPES[act], bits if bits in WEIGHT_ONLY else None))
         except OSError as err:
             raise VVSError(f"{path}: cannot write the draft_tree graph for tree {tree.name} ({err.strerror or err}); "
                            "make the engine folder writable, or export it with this tree as a default") from None

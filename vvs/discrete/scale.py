@@ -7,11 +7,13 @@ depth, so the same tokens and the same acceptance; :mod:`vvs.models.inflation`) 
 folder, ``<engine>-scale/<SIZE>``, reused while the source weights are the same. The benchmark then runs there like
 on any engine folder.
 
-A size whose folder does not fit in memory (Janus-Pro-7B's 30 layers are 26 GB in float32, and exporting them takes
-about four copies) is exported at its width with fewer layers — the deepest that fits, at
-least the source's depth, or ``LAYERS`` — and the target's share of each image's time is extrapolated linearly in
-depth to the full size: a target call multiplies every weight of every layer and of the head once per position,
-so its time is ``a + b·layers`` with ``a : b`` the head's parameters to one layer's.
+A weight-only folder (``vvs-export --weights int8|int4``) is inflated with its target stored in float16 and
+quantised matrix by matrix as its graphs are written, so a 7B target runs whole on 24 GiB (Janus-Pro-7B's 30 layers
+are 26 GB in float32, 3.5 GB at int4). A size whose run does not fit in memory (:data:`PEAK_BYTES`) is exported at
+its width with fewer layers — the deepest that fits, at least the source's depth, or ``LAYERS`` — and the target's
+share of each image's time is extrapolated linearly in depth to the full size: a target call multiplies every
+weight of every layer and of the head once per position, so its time is ``a + b·layers`` with ``a : b`` the head's
+parameters to one layer's.
 """
 from __future__ import annotations
 
@@ -26,9 +28,13 @@ from torch import nn
 from vvs.engines.manifest import MANIFEST, TORCH_WEIGHTS, WEIGHT_ONLY, graph_weights, read_manifest
 from vvs.errors import VVSError
 
-# float32 copies of the target a scale run holds at its peak: exporting the folder (measured: 4.1 copies, 19.3 GiB,
-# at Janus-Pro-1B:23); ONNX Runtime's two sessions hold 2.3 afterwards, each with the weights' prepacked form
-FOLDER_COPIES = 4
+# Bytes per target parameter a scale run holds at its peak, by the target's weights. ONNX Runtime's two target
+# sessions hold 2.3 copies of the weights (measured at Janus-Pro-1B:23 in float32, each with its prepacked form);
+# the export holds the inflated target once (float32, or float16 for a weight-only folder, whose matrices are
+# quantised from it) plus one matrix. int8 and int4 store a float32 scale per block of 32 weights.
+SESSION_COPIES = 2.3
+PEAK_BYTES = {"fp32": SESSION_COPIES * 4, "int8": max(2, SESSION_COPIES * (1 + 4 / 32)),
+              "int4": max(2, SESSION_COPIES * (0.5 + 4 / 32))}
 MEMORY_SHARE = 0.8  # of physical memory, the rest for the runtime, the drafter and the operating system
 
 
@@ -62,18 +68,21 @@ def physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def fitting_depth(model_class: type, config, least: int, memory: int) -> int | None:
-    """The most layers (up to ``config.n_layer``, at least ``least``) whose scale run fits ``memory`` bytes."""
-    budget = MEMORY_SHARE * memory / (4 * FOLDER_COPIES)
+def fitting_depth(model_class: type, config, least: int, memory: int, weights: str = "fp32") -> int | None:
+    """The most layers (up to ``config.n_layer``, at least ``least``) whose scale run of a target with ``weights``
+    fits ``memory`` bytes."""
+    budget = MEMORY_SHARE * memory / PEAK_BYTES[weights]
     for n_layer in range(config.n_layer, least - 1, -1):
         if total_parameters(model_class, replace(config, n_layer=n_layer)) <= budget:
             return n_layer
     return None
 
 
-def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
+def scale_folder(engine_dir: Path, size: str, progress: bool = True, tree: dict | None = None) -> Path:
     """The inflated engine folder of ``engine_dir`` at ``size`` (``SIZE[:LAYERS]``), exported on first use; without
-    ``LAYERS``, as deep as fits this machine's memory."""
+    ``LAYERS``, as deep as fits this machine's memory. ``tree``: the draft tree's options of the run
+    (``tree_size``, ``depth``, ``draft_top_k``), exported as the folder's own, since a weight-only target is stored
+    in float16 for its export and its folder holds no torch weights to export another tree from."""
     from vvs.discrete.bundle import ModelBundle
     from vvs.discrete.exporter import export_folder
     from vvs.discrete.loading import load_drafter
@@ -87,10 +96,12 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
     size, layers = parse_size(size, inflation.SIZES)
     target = arch.load(engine_dir / TORCH_WEIGHTS["target"])
     full = inflation.inflated_config(target.config, size)
+    target_bits = graph_weights(manifest, "target_verify")
+    target_bits = target_bits if target_bits in WEIGHT_ONLY else "fp32"
     if layers is None:
-        layers = fitting_depth(arch.model, full, target.config.n_layer, physical_memory())
+        layers = fitting_depth(arch.model, full, target.config.n_layer, physical_memory(), target_bits)
         if layers is None:
-            need = FOLDER_COPIES * 4 * total_parameters(arch.model, replace(full, n_layer=target.config.n_layer))
+            need = PEAK_BYTES[target_bits] * total_parameters(arch.model, replace(full, n_layer=target.config.n_layer))
             raise VVSError(f"option --scale {size}: even at the source's {target.config.n_layer} layers its export "
                            f"needs about {need / MEMORY_SHARE / 2**30:.0f} GiB and this machine has "
                            f"{physical_memory() / 2**30:.0f} GiB; measure it on a machine with more memory")
@@ -103,8 +114,12 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
     if has_drafter:
         bits = graph_weights(manifest, "draft_tree")
         source["drafter_weights"] = bits if bits in WEIGHT_ONLY else "fp32"
-    if graph_weights(manifest, "target_verify") in WEIGHT_ONLY:  # only then, so earlier scale folders still match
-        source["weights"] = graph_weights(manifest, "target_verify")
+    half = target_bits in WEIGHT_ONLY
+    defaults = manifest["decoding_defaults"]
+    if half:  # only then, so earlier scale folders still match
+        source["weights"] = target_bits
+        defaults = {**defaults, **(tree or {})}
+        source["tree"] = {k: defaults[k] for k in ("tree_size", "depth", "draft_top_k") if k in defaults}
     per_layer, rest = call_parameters(arch.model, full)
     inflated = {"size": size, "layers": layers, "official_layers": full.n_layer,
                 "target_time_scale": (rest + full.n_layer * per_layer) / (rest + layers * per_layer),
@@ -120,18 +135,16 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True) -> Path:
     drafter = load_drafter(engine_dir / TORCH_WEIGHTS["drafter"], target.config) if has_drafter else None
     bundle = ModelBundle(target, drafter, arch.load_vq(engine_dir / TORCH_WEIGHTS["vq"]), arch.family, tokenizer)
     try:
-        bundle = inflation.inflate_bundle(bundle, size, layers)
+        bundle = inflation.inflate_bundle(bundle, size, layers, dtype=torch.float16 if half else torch.float32)
     except ValueError as err:
         raise VVSError(f"option --scale {size}: {err}") from None
     out.parent.mkdir(parents=True, exist_ok=True)
     info = {k: v for k, v in manifest["model"].items() if k not in ("family", "target", "drafter", "vq")}
     info["inflated"] = inflated
-    target_bits = source.get("weights", "fp32")
     export_folder(bundle, out, precision=manifest["precision"], weights=target_bits,
-                  drafter_weights=None if target_bits != "fp32" else source.get("drafter_weights"),
-                  decoding_defaults=manifest["decoding_defaults"],
+                  drafter_weights=None if half else source.get("drafter_weights"), decoding_defaults=defaults,
                   neighbours=manifest["tables"]["neighbours_per_code"], extra_model_info=info, progress=progress,
-                  force=True)
+                  force=True, torch_weights=not half)
     return out
 
 

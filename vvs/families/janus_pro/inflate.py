@@ -21,7 +21,7 @@ from vvs.families.janus_pro.family import SCALE_SIZES
 from vvs.families.janus_pro.model import JanusConfig, JanusGen, janus_config
 from vvs.discrete.bundle import ModelBundle
 from vvs.discrete.inflate import inflate_drafter
-from vvs.models.inflation import Inflater
+from vvs.models.inflation import Inflater, empty_model
 
 SIZES = SCALE_SIZES
 
@@ -46,9 +46,10 @@ def inflated_config(small: JanusConfig, size: str, n_layer: int | None = None) -
 
 
 @torch.no_grad()
-def inflate_target(small: JanusGen, size: str, n_layer: int | None = None, seed: int = 0) -> JanusGen:
+def inflate_target(small: JanusGen, size: str, n_layer: int | None = None, seed: int = 0,
+                   dtype: torch.dtype = torch.float32) -> JanusGen:
     cfg = inflated_config(small.config, size, n_layer)
-    big = JanusGen(cfg).eval()
+    big = empty_model(JanusGen, cfg, dtype)
     f = Inflater.between(small.config, cfg, seed)
     f.randomize(big)
     sc, d, v, hw = small.config, small.config.dim, small.config.vocab_size, small.config.head_width
@@ -80,10 +81,11 @@ def inflate_target(small: JanusGen, size: str, n_layer: int | None = None, seed:
     return big
 
 
-def inflate_bundle(bundle: ModelBundle, size: str, n_layer: int | None = None, seed: int = 0) -> ModelBundle:
+def inflate_bundle(bundle: ModelBundle, size: str, n_layer: int | None = None, seed: int = 0,
+                   dtype: torch.dtype = torch.float32) -> ModelBundle:
     """``bundle``'s target and drafter inflated to the official ``size`` (``n_layer`` layers: default the size's);
     the VQ decoder and the prompt tokenizer are shared."""
-    target = inflate_target(bundle.target, size, n_layer, seed)
+    target = inflate_target(bundle.target, size, n_layer, seed, dtype)
     f = Inflater.between(bundle.target.config, target.config, seed + 1)
     drafter = None if bundle.drafter is None else inflate_drafter(bundle.drafter, target.config, f)
     return ModelBundle(target, drafter, bundle.vq, bundle.family, bundle.tokenizer)

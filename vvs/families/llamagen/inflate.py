@@ -24,7 +24,7 @@ from vvs.discrete.bundle import ModelBundle
 from vvs.discrete.inflate import inflate_drafter
 from vvs.families.llamagen.family import SCALE_SIZES
 from vvs.families.llamagen.gpt import GPT, GPTConfig, gpt_config
-from vvs.models.inflation import Inflater
+from vvs.models.inflation import Inflater, empty_model
 
 SIZES = SCALE_SIZES
 
@@ -50,9 +50,10 @@ def inflated_config(small: GPTConfig, size: str, n_layer: int | None = None) -> 
 
 
 @torch.no_grad()
-def inflate_target(small: GPT, size: str, n_layer: int | None = None, seed: int = 0) -> GPT:
+def inflate_target(small: GPT, size: str, n_layer: int | None = None, seed: int = 0,
+                   dtype: torch.dtype = torch.float32) -> GPT:
     cfg = inflated_config(small.config, size, n_layer)
-    big = GPT(cfg).eval()
+    big = empty_model(GPT, cfg, dtype)
     f = Inflater.between(small.config, cfg, seed, interleaved=True, blocks=2)
     f.randomize(big)
     d, D, v = small.config.dim, cfg.dim, small.config.vocab_size
@@ -86,10 +87,11 @@ def inflate_target(small: GPT, size: str, n_layer: int | None = None, seed: int 
     return big
 
 
-def inflate_bundle(bundle: ModelBundle, size: str, n_layer: int | None = None, seed: int = 0) -> ModelBundle:
+def inflate_bundle(bundle: ModelBundle, size: str, n_layer: int | None = None, seed: int = 0,
+                   dtype: torch.dtype = torch.float32) -> ModelBundle:
     """``bundle``'s target and drafter inflated to the official ``size`` (``n_layer`` layers: default the size's);
     the VQ decoder is shared."""
-    target = inflate_target(bundle.target, size, n_layer, seed)
+    target = inflate_target(bundle.target, size, n_layer, seed, dtype)
     f = Inflater.between(bundle.target.config, target.config, seed + 1, interleaved=True, blocks=2)
     drafter = None if bundle.drafter is None else inflate_drafter(bundle.drafter, target.config, f)
     return ModelBundle(target, drafter, bundle.vq, bundle.family, bundle.tokenizer)

@@ -24,7 +24,7 @@ from vvs.discrete.bundle import ModelBundle
 from vvs.discrete.inflate import inflate_drafter
 from vvs.families.lumina_mgpt.family import SCALE_SIZES
 from vvs.families.lumina_mgpt.model import ChameleonConfig, ChameleonGen, lumina_config
-from vvs.models.inflation import Inflater
+from vvs.models.inflation import Inflater, empty_model
 
 SIZES = SCALE_SIZES
 
@@ -49,9 +49,10 @@ def inflated_config(small: ChameleonConfig, size: str, n_layer: int | None = Non
 
 
 @torch.no_grad()
-def inflate_target(small: ChameleonGen, size: str, n_layer: int | None = None, seed: int = 0) -> ChameleonGen:
+def inflate_target(small: ChameleonGen, size: str, n_layer: int | None = None, seed: int = 0,
+                   dtype: torch.dtype = torch.float32) -> ChameleonGen:
     cfg = inflated_config(small.config, size, n_layer)
-    big = ChameleonGen(cfg).eval()
+    big = empty_model(ChameleonGen, cfg, dtype)
     f = Inflater.between(small.config, cfg, seed)
     f.randomize(big)
     f.embedding(big.model.embed_tokens.weight, small.model.embed_tokens.weight)
@@ -66,10 +67,11 @@ def inflate_target(small: ChameleonGen, size: str, n_layer: int | None = None, s
     return big
 
 
-def inflate_bundle(bundle: ModelBundle, size: str, n_layer: int | None = None, seed: int = 0) -> ModelBundle:
+def inflate_bundle(bundle: ModelBundle, size: str, n_layer: int | None = None, seed: int = 0,
+                   dtype: torch.dtype = torch.float32) -> ModelBundle:
     """``bundle``'s target and drafter inflated to the official ``size`` (``n_layer`` layers: default the size's);
     the VQGAN and the prompt tokenizer are shared."""
-    target = inflate_target(bundle.target, size, n_layer, seed)
+    target = inflate_target(bundle.target, size, n_layer, seed, dtype)
     f = Inflater.between(bundle.target.config, target.config, seed + 1)
     drafter = None if bundle.drafter is None else inflate_drafter(bundle.drafter, target.config, f)
     return ModelBundle(target, drafter, bundle.vq, bundle.family, bundle.tokenizer)
