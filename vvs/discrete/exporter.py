@@ -93,7 +93,8 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
             steps.set_postfix_str(name)
             written = export_graph(graphs[name], specs[name], work / f"{name}.onnx", vocab,
                                    bundle.target.config.max_positions - 1, PRECISIONS[precision],
-                                   stored[name] if stored[name] in WEIGHT_ONLY else None)
+                                   stored[name] if stored[name] in WEIGHT_ONLY else None,
+                                   on_meta=not (precision == "int8" and name in W8A8_GRAPHS))
             onnx.checker.check_model(str(written[0]))
             files += written
             entries[name] = {"file": written[0].name, "spec": specs[name].to_dict(), "weights": stored[name]}

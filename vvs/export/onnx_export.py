@@ -29,18 +29,26 @@ from vvs.export.weight_only import as_matmul_nbits
 from vvs.models.layers import cast_floating
 
 OPSET = 23
+FOLDED = ("Transpose", "QuantizeLinear")  # ops of a weight alone, which the file stores folded
 EXTERNAL_DATA_BYTES = 1 << 30  # larger graphs keep their weights in a side file (protobuf's 2 GiB limit)
 
 
 def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: int, max_position: int,
-                 dtype: torch.dtype | None = None, weights: str | None = None) -> list[Path]:
+                 dtype: torch.dtype | None = None, weights: str | None = None, on_meta: bool = True) -> list[Path]:
     """Write ``path`` (and ``path.data`` for large graphs); returns the files written. ``dtype``: the graph's
     floating dtype (default the module's, RoPE tables stay float32); ``weights``: "int8" or "int4" writes every
-    constant matrix a MatMul multiplies by as ONNX Runtime's ``MatMulNBits`` (:mod:`vvs.export.weight_only`)."""
+    constant matrix a MatMul multiplies by as ONNX Runtime's ``MatMulNBits`` (:mod:`vvs.export.weight_only`).
+    ``on_meta=False`` traces a copy of the module with its weights: fake-quantised (W8A8) linears export as
+    ``QuantizeLinear`` / ``DequantizeLinear`` only from real tensors."""
     module.requires_grad_(False)  # inference graphs (and fake-quant ops export as Q/DQ only without autograd)
-    sources = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers(remove_duplicate=False))}
-    twin = meta_twin(module, dtype)
-    args = tuple(a.to("meta") for a in sample_inputs(spec, vocab, max_position))  # the twin's device
+    sources = {**dict(module.named_parameters(remove_duplicate=False)),
+               **dict(module.named_buffers(remove_duplicate=False))}
+    if on_meta:
+        twin = meta_twin(module, dtype)
+        args = tuple(a.to("meta") for a in sample_inputs(spec, vocab, max_position))  # the twin's device
+    else:
+        twin = copy.deepcopy(module) if dtype is None else cast_floating(copy.deepcopy(module), dtype)
+        args = sample_inputs(spec, vocab, max_position)
     dynamic = tuple({axis: Dim.AUTO for axis, d in enumerate(t.shape) if isinstance(d, str)} or None
                     for t in spec.inputs)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # e.g. "torchvision is not installed" notices
@@ -56,7 +64,7 @@ def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: in
     for name, value in model.graph.initializers.items():
         if name in sources and getattr(value.const_value, "raw", None) is not None and value.const_value.raw.is_meta:
             value.const_value = lazy_weight(sources[name], value)
-    transpose_lazily(model.graph)
+    fold_lazily(model.graph)
     program.optimize()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -91,26 +99,54 @@ def lazy_weight(source: torch.Tensor, value: ir.Value) -> ir.LazyTensor:
     return ir.LazyTensor(tensor, dtype=value.dtype, shape=value.shape, name=value.name)
 
 
-def transpose_lazily(graph: ir.Graph) -> None:
-    """``Transpose`` of a weight (torch's exporter writes a Linear as ``MatMul(x, Transpose(W))``) -> the transposed
-    weight, computed as the file is written: the optimiser would fold each into a new constant held in memory."""
-    for node in list(graph):
-        source = node.inputs[0] if node.op_type == "Transpose" else None
-        if source is None or not isinstance(source.const_value, ir.LazyTensor) or len(source.shape) != 2:
+def fold_lazily(graph: ir.Graph) -> None:
+    """Fold each :data:`FOLDED` node of a weight -- torch's exporter writes a Linear as ``MatMul(x, Transpose(W))``,
+    a W8A8 linear quantises its weight with ``QuantizeLinear`` -- into a constant computed as the file is written:
+    the optimiser would fold each into a new constant held in memory."""
+    for node in list(graph):  # in graph order: a folded output may feed the next node
+        if node.op_type not in FOLDED or node.domain not in ("", "ai.onnx"):
             continue
-        perm = node.attributes.get_ints("perm", [1, 0])
-        if list(perm) != [1, 0]:
+        data, *rest = node.inputs
+        if (data is None
+                or not isinstance(data.const_value, ir.LazyTensor)
+                or any(v is not None and v.const_value is None for v in rest)):
             continue
-        weight = source.const_value
-        lazy = ir.LazyTensor(lambda weight=weight: ir.Tensor(np.ascontiguousarray(weight.numpy().T)),
-                             dtype=weight.dtype, shape=ir.Shape(reversed(source.shape)), name=f"{source.name}_t")
-        value = ir.Value(name=lazy.name, shape=lazy.shape, type=ir.TensorType(lazy.dtype), const_value=lazy)
-        if lazy.name not in graph.initializers:
-            graph.register_initializer(value)
-        node.outputs[0].replace_all_uses_with(graph.initializers[lazy.name])
+        out = node.outputs[0]
+        if node.op_type == "Transpose":
+            perm = node.attributes.get_ints("perm", list(reversed(range(len(data.shape)))))
+            shape = ir.Shape([data.shape[p] for p in perm])
+        else:
+            shape = data.shape
+        if node.op_type == "Transpose":
+            dtype = data.dtype
+        else:  # QuantizeLinear: its zero point's type, uint8 without one
+            dtype = rest[1].dtype if len(rest) > 1 and rest[1] is not None else ir.DataType.UINT8
+        inputs = [None if v is None else v.const_value for v in node.inputs]
+        name = f"{data.name}_{node.op_type.lower()}"
+        if name not in graph.initializers:  # a weight two nodes fold alike (a tied head) is stored once
+            lazy = ir.LazyTensor(lambda node=node, inputs=inputs: _evaluate(node, inputs), dtype=dtype, shape=shape,
+                                 name=name)
+            graph.register_initializer(ir.Value(name=name, shape=shape, type=ir.TensorType(dtype), const_value=lazy))
+        out.replace_all_uses_with(graph.initializers[name])
         graph.remove(node, safe=True)
     for name in [n for n, v in graph.initializers.items() if not v.uses() and not v.is_graph_output()]:
         graph.initializers.pop(name)
+
+
+def _evaluate(node: ir.Node, inputs: list) -> ir.Tensor:
+    """``node`` on constant ``inputs``, by ONNX's reference implementation (what the optimiser folds with)."""
+    from onnx.reference import ReferenceEvaluator
+
+    proto = ir.serde.serialize_node(node)
+    names = ["" if t is None else f"in{i}" for i, t in enumerate(inputs)]
+    proto.input[:], proto.output[:] = names, ["out"]
+    arrays = {name: t.numpy() for name, t in zip(names, inputs) if t is not None}
+    graph = onnx.helper.make_graph(
+        [proto], "fold", [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+                          for n, a in arrays.items()], [onnx.helper.make_empty_tensor_value_info("out")])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", OPSET)])
+    (result,) = ReferenceEvaluator(model).run(None, arrays)
+    return ir.Tensor(np.ascontiguousarray(result))
 
 
 def rename_dims(model: onnx.ModelProto, spec: GraphSpec) -> None:

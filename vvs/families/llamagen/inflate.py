@@ -90,7 +90,8 @@ def inflate_target(small: GPT, size: str, n_layer: int | None = None, seed: int 
 def inflate_bundle(bundle: ModelBundle, size: str, n_layer: int | None = None, seed: int = 0,
                    dtype: torch.dtype = torch.float32) -> ModelBundle:
     """``bundle``'s target and drafter inflated to the official ``size`` (``n_layer`` layers: default the size's);
-    the VQ decoder is shared."""
+    the VQ decoder is shared. ``dtype``: the target's storage (float16 for a weight-only folder:
+    :func:`vvs.models.inflation.empty_model`)."""
     target = inflate_target(bundle.target, size, n_layer, seed, dtype)
     f = Inflater.between(bundle.target.config, target.config, seed + 1, interleaved=True, blocks=2)
     drafter = None if bundle.drafter is None else inflate_drafter(bundle.drafter, target.config, f)
