@@ -5,10 +5,11 @@ as a ``Dim`` expression) and renamed back to the spec's name in the saved model,
 itself. Opset 23: ONNX Runtime 1.31 and TensorRT 11's parser both read it; attention becomes one single-output
 ``Attention`` node whose keys/values are ``past ‖ new`` (no cache update inside, no control flow).
 
-The exporter traces a twin of the module whose parameters live on the meta device, and each weight is read from
-the module (cast, or quantised for a weight-only graph) only as the file is written, one tensor at a time: an
-export holds the module's weights once plus one tensor, where tracing the module itself held about four copies
-(a 7B target's export then needs more than 100 GB).
+The exporter traces a twin of the module whose parameters and buffers live on the meta device, and each weight is
+read from the module (cast, transposed, or quantised for a weight-only graph) only as the file is written, one
+tensor at a time: an export holds the module's weights once plus one tensor. Tracing the module itself held a
+second copy, and a folder's export with the quantiser's pass about four (Janus-Pro-1B: 4.1 float32 copies), more
+than 24 GiB for any 7B target.
 """
 from __future__ import annotations
 
