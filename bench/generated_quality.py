@@ -4,7 +4,8 @@ and NLL, per seed set (for docs/performance.md, "Specks in generated images").
     .venv/bin/python bench/generated_quality.py [--target FILE] [--vq FILE] [--seed-sets 3]
 
 Torch backend, the shipped decoding defaults, AR; seed set k is images k*32 .. k*32+31 (image i gets seed i),
-classes 0-15 twice. Without arguments: the shipped target and tokenizer.
+classes 0-15 twice (``vvs.quality.class_sets``). Without arguments: the shipped target and tokenizer. The shipped
+model's exported folders per weight precision, on ONNX Runtime: bench/weight_quality.py.
 """
 from __future__ import annotations
 
@@ -19,13 +20,11 @@ import torch  # noqa: E402
 
 from vvs.discrete.engines import torch_engines  # noqa: E402
 from vvs.families.llamagen.bundle import load_bundle  # noqa: E402
-from vvs.quality import Instruments, top_left_speck_ratio  # noqa: E402
+from vvs.quality import Instruments, class_sets, top_left_speck_ratio  # noqa: E402
 from vvs.runtime.options import DecodeOptions  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402
 from vvs.shipped import SHIPPED_DIR, shipped_info  # noqa: E402
 from vvs.train.shipped import load_classifier  # noqa: E402
-
-SET_SIZE = 32
 
 
 def main():
@@ -39,20 +38,21 @@ def main():
     opts = DecodeOptions.from_dict(shipped_info()["decoding_defaults"]).updated(mode="ar")
     pipe = Pipeline(torch_engines(bundle), opts)
     instruments = Instruments(load_classifier(SHIPPED_DIR / "classifier.safetensors"), bundle.target)
-    labels = torch.arange(SET_SIZE) % bundle.target.config.num_classes
+    sets = class_sets(bundle.target.config.num_classes)
+    labels = sets.conditions
     rows, images = [], []
     for k in range(args.seed_sets):
-        gen = pipe.generate(labels, seed=k * SET_SIZE)
+        gen = pipe.generate(labels, seed=sets.seed(k))
         images.append(gen.images)
         rows.append({"specks": top_left_speck_ratio(gen.images), **instruments.evaluate(gen.images, gen.tokens, labels)})
         r = rows[-1]
-        print(f"seeds {k * SET_SIZE}-{k * SET_SIZE + SET_SIZE - 1}: specks {r['specks']:.2f}  "
+        print(f"seeds {sets.seed(k)}-{sets.seed(k) + len(sets) - 1}: specks {r['specks']:.2f}  "
               f"class accuracy {r['class_accuracy']:.3f}  domain FID {r['domain_fid']:.1f}  NLL {r['nll']:.2f}",
               flush=True)
     med = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
     print(f"median: specks {med['specks']:.2f}  class accuracy {med['class_accuracy']:.3f}  "
           f"domain FID {med['domain_fid']:.1f}  NLL {med['nll']:.2f};  specks over all "
-          f"{len(rows) * SET_SIZE} images {top_left_speck_ratio(torch.cat(images)):.2f}")
+          f"{len(rows) * len(sets)} images {top_left_speck_ratio(torch.cat(images)):.2f}")
 
 
 if __name__ == "__main__":

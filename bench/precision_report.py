@@ -5,14 +5,15 @@ pixel error of the VQ decoder on the decoded images.
 Usage: python bench/precision_report.py --reference engines-fp16 --candidate engines-int8 [--images 8]
        [--prompts docs/img/t2i_prompts.txt]  (a folder that takes prompts)
 
-The inputs are the verify calls of an actual greedy SD run on the reference folder (trees over real prefixes),
-replayed on both folders' verify graphs (cast to each folder's dtypes), and that run's tokens decoded by both.
+The inputs are the verify calls of an actual greedy SD run on the reference folder (trees over real prefixes), each
+also run through the candidate's verify graph (cast to its dtypes; ``vvs.quality.TargetCallComparison``), and that
+run's tokens decoded by both. For weight-only int8/int4 folders against fp32 on sampled AR decodes, with the quality
+instruments: bench/weight_quality.py.
 """
 from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -21,16 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from vvs.engines import load_engines  # noqa: E402
+from vvs.quality import TargetCallComparison  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402
-
-
-class Recorder:
-    def __init__(self, inner, keep: list):
-        self.inner, self.spec, self.keep = inner, inner.spec, keep
-
-    def run(self, **inputs):
-        self.keep.append({k: v.clone() for k, v in inputs.items()})
-        return self.inner.run(**inputs)
 
 
 def main():
@@ -43,26 +36,19 @@ def main():
     args = parser.parse_args()
     ref = load_engines(args.reference, "onnxruntime", threads=args.threads)
     cand = load_engines(args.candidate, "onnxruntime", threads=args.threads)
-    calls: list[dict] = []
-    ref.graphs["target_verify"] = Recorder(ref.graphs["target_verify"], calls)
     if args.prompts:
         lines = [line.strip() for line in Path(args.prompts).read_text().splitlines() if line.strip()]
         labels = [lines[i % len(lines)] for i in range(args.images)]
     else:
         labels = torch.arange(args.images) % ref.target.num_classes
-    gen = Pipeline(ref).generate(labels, mode="sd", temperature=0, seed=0, decode_images=False)
-    errors, rel, agree = [], [], []
-    for inputs in calls[:: max(1, len(calls) // 40)]:
-        a = ref.graphs["target_verify"].inner.run(**inputs)["logits"]
-        b = cand.graphs["target_verify"].run(**{k: v.to(cand.dtype) if v.is_floating_point() and k != "cfg_mix"
-                                                 else v for k, v in inputs.items()})["logits"]
-        errors.append(float((a - b).abs().max()))
-        rel.append(float((a - b).abs().max() / a.abs().max()))
-        agree.append(float((a.argmax(-1) == b.argmax(-1)).float().mean()))
-    print(f"verify calls compared: {len(errors)}")
-    print(f"max |logit error|: median {statistics.median(errors):.3f}, worst {max(errors):.3f} "
-          f"(relative to max |logit|: median {statistics.median(rel):.3%})")
-    print(f"top-1 agreement with the reference: mean {statistics.fmean(agree):.3%}, worst call {min(agree):.3%}")
+    with TargetCallComparison(ref, {"candidate": cand}, graphs=("target_verify",)) as comparison:
+        gen = Pipeline(ref).generate(labels, mode="sd", temperature=0, seed=0, decode_images=False)
+    c = comparison.summary()["candidate"]
+    print(f"verify calls compared: {c['calls']}")
+    print(f"max |logit error|: median {c['max_logit_error']['median']:.3f}, worst {c['max_logit_error']['worst']:.3f} "
+          f"(relative to max |logit|: median {c['relative_logit_error']:.3%})")
+    print(f"top-1 agreement with the reference: {c['top1_agreement']:.3%} of positions, worst call "
+          f"{c['top1_agreement_worst_call']:.3%}; KL(reference || candidate) {c['kl']:.4f} nats per position")
     pixels_a = ref.graphs["vq_decode"].run(codes=gen.tokens)["image"]
     pixels_b = cand.graphs["vq_decode"].run(codes=gen.tokens)["image"]
     mse = float(((pixels_a - pixels_b) ** 2).mean())

@@ -18,6 +18,9 @@ import torch.nn.functional as F
 from scipy import linalg
 from torch import nn
 
+from vvs.shipped import shipped_info
+from vvs.train.data import CLASS_NAMES
+
 if TYPE_CHECKING:
     from vvs.discrete.target import DiscreteTarget
 
@@ -139,3 +142,119 @@ def top_left_speck_ratio(images: torch.Tensor) -> float:
     corners = [cells[:k, :k], cells[:k, -k:], cells[-k:, :k], cells[-k:, -k:]]
     scores = [float(c.mean()) for c in corners]
     return scores[0] / max(scores[1:])
+
+
+# The images a quality measurement decodes per seed set, so that every tool draws the same ones: a class-conditional
+# model's classes 0-15 twice (32 images), a text-to-image pair's every photograph under each of its four shipped
+# captions (64 prompts, caption-major). Image i of seed set k gets seed k * (the set's size) + i; ``photos`` is the
+# photograph (the classifier's class) each image should show.
+CLASS_SET_SIZE = 32
+
+
+@dataclass(frozen=True)
+class SeedSets:
+    conditions: object  # class ids [n] (a tensor) or prompts (a list of strings)
+    photos: torch.Tensor  # [n] the photograph each image should show
+    stride: int  # image i of seed set k gets seed k * stride + i
+
+    def __len__(self) -> int:
+        return len(self.photos)
+
+    def seed(self, k: int) -> int:
+        return k * self.stride
+
+    def first(self, n: int) -> SeedSets:
+        """The first ``n`` images of each set (a smoke run), with the seeds they have in the full sets."""
+        return SeedSets(self.conditions[:n], self.photos[:n], self.stride)
+
+
+def class_sets(num_classes: int = 16, size: int = CLASS_SET_SIZE) -> SeedSets:
+    labels = torch.arange(size) % num_classes
+    return SeedSets(labels, labels, size)
+
+
+def photo_captions(k: int) -> tuple[list[str], torch.Tensor]:
+    """Every photograph's ``k``-th shipped caption (``shipped_t2i.json``, which every shipped text-to-image pair
+    learnt) and the photograph each describes."""
+    captions = shipped_info("shipped_t2i.json")["captions"]
+    return [captions[name][k] for name in CLASS_NAMES], torch.arange(len(CLASS_NAMES))
+
+
+def caption_sets() -> SeedSets:
+    prompts, photos = zip(*(photo_captions(k) for k in range(4)))
+    photos = torch.cat(photos)
+    return SeedSets([p for group in prompts for p in group], photos, len(photos))
+
+
+class TargetCallComparison:
+    """A reference engine set's target graphs, each call's inputs also run through the same graph of other engine
+    sets (floating inputs but ``cfg_mix`` cast to each one's dtype): how far their logits are from the reference's
+    on the calls of a real decode. Use as a context manager around the reference's decode; :meth:`summary` then
+    gives, per other set:
+
+    - ``top1_agreement``: the share of scored positions whose highest logit is the reference's code (pooled over
+      every call); ``top1_agreement_worst_call``;
+    - ``max_logit_error``: per call the largest ``|logit - reference logit|`` over its positions and codes, the
+      median and the worst over calls; ``relative_logit_error``: per call that over the reference's largest
+      ``|logit|``, the median;
+    - ``kl``: the mean over positions of KL(softmax(reference) || softmax(other)), nats, at temperature 1 and
+      without the sampling filters.
+
+    Ids a graph masks (a logit of -inf, as Lumina-mGPT's layout does) count as equal where both mask them; the
+    largest |logit| is over the finite ones.
+
+    The logits are the graphs' outputs, guidance already mixed in: what the decode samples from."""
+
+    def __init__(self, reference, others: dict, graphs=("target_prefill", "target_verify")):
+        self.reference, self.others, self.names = reference, others, graphs
+        self.calls: dict[str, list[dict]] = {key: [] for key in others}
+        self.saved: dict = {}
+
+    def __enter__(self) -> TargetCallComparison:
+        for name in self.names:
+            self.saved[name] = self.reference.graphs[name]
+            self.reference.graphs[name] = _Beside(self, name, self.saved[name])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.reference.graphs.update(self.saved)
+        self.saved = {}
+
+    def compare(self, name: str, inputs: dict, logits: torch.Tensor) -> None:
+        ref = logits.float()
+        top = ref.argmax(-1)
+        log_p = F.log_softmax(ref, -1)
+        for key, other in self.others.items():
+            cast = {k: v.to(other.dtype) if v.is_floating_point() and k != "cfg_mix" else v for k, v in inputs.items()}
+            out = other.graphs[name].run(**cast)["logits"].float()
+            p, log_q = log_p.exp(), F.log_softmax(out, -1)
+            kl = torch.where(p > 0, p * (log_p - log_q), 0.0).sum(-1)
+            error = torch.where(out == ref, 0.0, (out - ref).abs())  # ids both graphs mask (-inf) count as equal
+            self.calls[key].append({"graph": name, "positions": top.numel(),
+                                    "agree": int((out.argmax(-1) == top).sum()), "max_error": float(error.max()),
+                                    "max_logit": float(ref.abs()[ref.isfinite()].max()), "kl_sum": float(kl.sum())})
+
+    def summary(self) -> dict[str, dict]:
+        result = {}
+        for key, calls in self.calls.items():
+            positions = sum(c["positions"] for c in calls)
+            errors = sorted(c["max_error"] for c in calls)
+            result[key] = {
+                "calls": len(calls), "positions": positions,
+                "top1_agreement": sum(c["agree"] for c in calls) / positions,
+                "top1_agreement_worst_call": min(c["agree"] / c["positions"] for c in calls),
+                "max_logit_error": {"median": float(np.median(errors)), "worst": errors[-1]},
+                "relative_logit_error": float(np.median([c["max_error"] / max(c["max_logit"], 1e-20) for c in calls])),
+                "kl": sum(c["kl_sum"] for c in calls) / positions,
+            }
+        return result
+
+
+class _Beside:
+    def __init__(self, comparison: TargetCallComparison, name: str, engine):
+        self.comparison, self.name, self.engine, self.spec = comparison, name, engine, engine.spec
+
+    def run(self, **inputs):
+        out = self.engine.run(**inputs)
+        self.comparison.compare(self.name, inputs, out["logits"])
+        return out
