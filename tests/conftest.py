@@ -1,10 +1,13 @@
 """Shared fixtures: small random LlamaGen models with a drafter briefly trained on the target's own samples."""
 import dataclasses
 import os
+import shutil
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
+from filelock import FileLock
 
 from vvs.discrete.bundle import ModelBundle
 from vvs.discrete.engines import torch_engines
@@ -48,6 +51,36 @@ def small_bundle(tmp: Path, vocab=16, grid=4, seed=0, model_type="c2i") -> Model
     return ModelBundle(target, drafter, vq, "llamagen")
 
 
+_EXPORTS: dict[str, str] = {}  # name -> the code that exports it
+
+
+def exported_once(tmp_path_factory, name: str, export: Callable[[Path], object]) -> Path:
+    """This process's own copy of the folder ``export(path)`` writes, exported once per test session. A folder's
+    export costs 35-45 CPU seconds even for the tiny models (about 10 per ONNX graph), and the suite's two xdist
+    workers used to export each shared folder once each; now the first worker to ask exports it into the
+    session's base temp folder, which both workers share, and a worker that asks meanwhile waits for it. Each gets a
+    copy, because decoding writes into a folder (``draft_tree`` graphs of other tree shapes) and the workers must
+    not write into one folder at once. ``export`` builds what the folder needs from the models only when it runs,
+    so a worker that only reads the folder builds no models either; both workers' seeded models are the same."""
+    site = f"{export.__code__.co_filename}:{export.__code__.co_firstlineno}"
+    if _EXPORTS.setdefault(name, site) != site:  # two folders under one name would be read as each other
+        raise ValueError(f"exported_once: {name!r} names the folders of {_EXPORTS[name]} and {site}")
+    mine = tmp_path_factory.mktemp(name) / name
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process: nothing to share
+        export(mine)
+        return mine
+    shared = tmp_path_factory.getbasetemp().parent / "exported" / name
+    shared.parent.mkdir(exist_ok=True)
+    with FileLock(f"{shared}.lock"):
+        if not shared.exists():
+            work = shared.with_name(f"{name}.partial")  # what an export that failed halfway left is not reused
+            shutil.rmtree(work, ignore_errors=True)
+            export(work)
+            work.rename(shared)
+    shutil.copytree(shared, mine)
+    return mine
+
+
 @pytest.fixture(scope="session")
 def bundle_factory(tmp_path_factory):
     cache = {}
@@ -74,10 +107,17 @@ def tiny_folder(bundle_factory, tmp_path_factory):
     """An engine folder exported from the small random bundle."""
     from vvs.discrete.exporter import export_folder
 
-    out = tmp_path_factory.mktemp("engines") / "tiny"
-    export_folder(bundle_factory(), out, decoding_defaults=SMALL, progress=False,
-                  extra_model_info={"classes": TINY_CLASSES})
-    return out
+    return exported_once(tmp_path_factory, "tiny", lambda out: export_folder(
+        bundle_factory(), out, decoding_defaults=SMALL, progress=False, extra_model_info={"classes": TINY_CLASSES}))
+
+
+@pytest.fixture(scope="session")
+def tiny_int8_folder(bundle_factory, tmp_path_factory):
+    """The small random bundle exported as SmoothQuant W8A8 (+ fp16), calibrated on its own ar samples."""
+    from vvs.discrete.exporter import export_folder
+
+    return exported_once(tmp_path_factory, "tiny-w8a8", lambda out: export_folder(
+        bundle_factory(), out, precision="int8", decoding_defaults=SMALL, progress=False))
 
 
 def run_cli(main, args, capsys, monkeypatch):
@@ -121,10 +161,9 @@ def text_folder(bundle_factory, t5_dir, tmp_path_factory):
     from vvs.discrete.exporter import export_folder
     from vvs.text.export import load_text_encoder
 
-    out = tmp_path_factory.mktemp("engines") / "t2i"
-    export_folder(bundle_factory(model_type="t2i"), out, decoding_defaults=SMALL, progress=False,
-                  text_encoder=load_text_encoder(t5_dir, 8))
-    return out
+    return exported_once(tmp_path_factory, "t2i", lambda out: export_folder(
+        bundle_factory(model_type="t2i"), out, decoding_defaults=SMALL, progress=False,
+        text_encoder=load_text_encoder(t5_dir, 8)))
 
 
 @pytest.fixture(scope="session")
@@ -139,25 +178,23 @@ JANUS_PROMPTS = ["a red cat", "a big dog at the river", "a tree"]  # within the 
 
 
 @pytest.fixture(scope="session")
-def janus_int8_folder(janus_bundle, tmp_path_factory):
+def janus_int8_folder(request, tmp_path_factory):
     """The small Janus bundle exported as SmoothQuant W8A8 (+ fp16), calibrated on its own ar samples."""
     from vvs.discrete.exporter import export_folder
 
-    out = tmp_path_factory.mktemp("janus-int8") / "engines-janus-int8"
-    export_folder(janus_bundle, out, precision="int8", decoding_defaults=SMALL, progress=False)
-    return out
+    return exported_once(tmp_path_factory, "engines-janus-int8", lambda out: export_folder(
+        request.getfixturevalue("janus_bundle"), out, precision="int8", decoding_defaults=SMALL, progress=False))
 
 
 @pytest.fixture(scope="session")
-def janus_folder(janus_bundle, tmp_path_factory):
+def janus_folder(request, tmp_path_factory):
     """An engine folder exported from the small Janus bundle, with the official sampling defaults."""
     from vvs.discrete.exporter import export_folder
     from vvs.families.janus_pro.family import SAMPLING
 
-    out = tmp_path_factory.mktemp("janus-engines") / "engines-janus"
     small = {"tree_size": 6, "depth": 2, "draft_top_k": 2, "lantern_k": 4}
-    export_folder(janus_bundle, out, decoding_defaults={**SAMPLING, **small}, progress=False)
-    return out
+    return exported_once(tmp_path_factory, "engines-janus", lambda out: export_folder(
+        request.getfixturevalue("janus_bundle"), out, decoding_defaults={**SAMPLING, **small}, progress=False))
 
 
 @pytest.fixture(scope="session")
@@ -183,31 +220,28 @@ def lumina_bundle(lumina_official):
     return dataclasses.replace(bundle, drafter=random_drafter(bundle.target))
 
 
+def lumina_export(request, tmp_path_factory, name: str, precision: str) -> Path:
+    """The Lumina-mGPT stand-in exported at ``precision`` with a small tree and guidance 3."""
+    from vvs.discrete.exporter import export_folder
+
+    return exported_once(tmp_path_factory, name, lambda out: export_folder(
+        request.getfixturevalue("lumina_bundle"), out, precision=precision, decoding_defaults=dict(SMALL, cfg_scale=3.0),
+        progress=False))
+
+
 @pytest.fixture(scope="session")
-def lumina_int8_folder(lumina_bundle, tmp_path_factory):
+def lumina_int8_folder(request, tmp_path_factory):
     """The Lumina-mGPT stand-in exported with --precision int8 (shared by the TensorRT-RTX build and ORT tests)."""
-    from vvs.discrete.exporter import export_folder
-
-    out = tmp_path_factory.mktemp("lumina-int8") / "engines-lumina-int8"
-    export_folder(lumina_bundle, out, precision="int8", decoding_defaults=dict(SMALL, cfg_scale=3.0), progress=False)
-    return out
+    return lumina_export(request, tmp_path_factory, "engines-lumina-int8", "int8")
 
 
 @pytest.fixture(scope="session")
-def lumina_folder(lumina_bundle, tmp_path_factory):
-    """The Lumina-mGPT stand-in exported in fp32 with a small tree and guidance 3."""
-    from vvs.discrete.exporter import export_folder
-
-    out = tmp_path_factory.mktemp("lumina-engines") / "engines-lumina"
-    export_folder(lumina_bundle, out, decoding_defaults=dict(SMALL, cfg_scale=3.0), progress=False)
-    return out
+def lumina_folder(request, tmp_path_factory):
+    """The Lumina-mGPT stand-in exported in fp32."""
+    return lumina_export(request, tmp_path_factory, "engines-lumina", "fp32")
 
 
 @pytest.fixture(scope="session")
-def lumina_fp16_folder(lumina_bundle, tmp_path_factory):
+def lumina_fp16_folder(request, tmp_path_factory):
     """The Lumina-mGPT stand-in exported with --precision fp16."""
-    from vvs.discrete.exporter import export_folder
-
-    out = tmp_path_factory.mktemp("lumina-fp16") / "engines-lumina-fp16"
-    export_folder(lumina_bundle, out, precision="fp16", decoding_defaults=dict(SMALL, cfg_scale=3.0), progress=False)
-    return out
+    return lumina_export(request, tmp_path_factory, "engines-lumina-fp16", "fp16")

@@ -20,10 +20,19 @@ def conditionals(pipe, conditions: torch.Tensor, tokens: torch.Tensor, cfg_scale
     """``[n, N, V]``: the target's processed distribution of every token given the image's earlier tokens.
     ``slots``: the conditions' slot mask ``[n, C]`` where they are padded; the guidance nulls then come from the
     folder's conditioning, with the slots they attend. Ids the model never samples have no mass; a family's forced
-    tokens are one-hot where it forces them."""
+    tokens are one-hot where it forces them.
+
+    On the torch backend the target module is teacher-forced, independently of the graphs; on another backend (an
+    engine folder on ONNX Runtime, e.g. an int4 one) the folder's own ``target_prefill`` and ``target_verify``
+    graphs score the whole prefix in one call each (:func:`graph_logits`): the target those graphs compute is the
+    one the exact modes must sample."""
     from vvs.models.layers import caption_causal_mask
 
-    target = pipe.engines.graphs["target_verify"].module.target
+    verify = pipe.engines.graphs["target_verify"]
+    if not hasattr(verify, "module"):
+        return _processed(pipe, graph_logits(pipe.engines, conditions, tokens, cfg_scale, slots), tokens, temperature,
+                          top_k, top_p)
+    target = verify.module.target
     n = len(tokens)
     prefix = tokens[:, :-1]
     guided = cfg_scale > 1
@@ -41,7 +50,45 @@ def conditionals(pipe, conditions: torch.Tensor, tokens: torch.Tensor, cfg_scale
     logits = out.logits[:, target.config.cls_token_num - 1:]  # output position C - 1 + i predicts token i
     never = vocabulary_mask(target.config.vocab_size, target.config.sampled_ids)  # e.g. an end-of-line token
     mixed = mix(cfg_matrix(n, cfg_scale), logits)
-    probs = Processor(temperature, top_k, top_p).probs(mixed if never is None else never(mixed))
+    return _processed(pipe, mixed if never is None else never(mixed), tokens, temperature, top_k, top_p)
+
+
+def graph_logits(engines, conditions: torch.Tensor, tokens: torch.Tensor, cfg_scale: float,
+                 slots: torch.Tensor | None = None) -> torch.Tensor:
+    """``[n, N, V]`` guided logits of every token given the image's earlier tokens, from an engine set's target
+    graphs as the runtime calls them: ``target_prefill`` over the condition rows (guidance nulls from the set's
+    conditioning) for token 0, then ``target_verify`` over tokens ``0 .. N-2`` at positions ``C + i`` against the
+    prefill's keys/values, causal among themselves. The graphs mix guidance and mask never-sampled ids."""
+    from vvs.models.layers import caption_causal_mask
+
+    n, N = tokens.shape
+    C = engines.target.cls_token_num
+    dev = engines.device
+    cfg_mix = cfg_matrix(n, cfg_scale, device=dev)
+    conditions = conditions.to(dev, engines.dtype if conditions.is_floating_point() else conditions.dtype)
+    rows, row_slots = conditions, slots
+    if cfg_scale > 1:
+        nulls, null_slots = engines.conditioning.null(engines, conditions, slots)
+        rows = torch.cat([conditions, nulls])
+        row_slots = None if slots is None else torch.cat([slots, null_slots])
+    if row_slots is None:
+        row_slots = torch.ones(len(rows), C, dtype=torch.bool)
+    mask = caption_causal_mask(row_slots.to(dev), C + N - 1)  # [rows, 1, C + N - 1, C + N - 1]
+    first = engines.graphs["target_prefill"].run(condition=rows, attn_mask=mask[:, :, :C, :C].contiguous(),
+                                                 cfg_mix=cfg_mix)
+    groups = len(rows) // n
+    prefix = tokens[:, :-1].to(dev).repeat(groups, 1)
+    positions = (C + torch.arange(N - 1, device=dev)).expand(len(rows), -1).contiguous()
+    rest = engines.graphs["target_verify"].run(input_ids=prefix, position_ids=positions,
+                                               attn_mask=mask[:, :, C:].contiguous(), past_kv=first["new_kv"],
+                                               cfg_mix=cfg_mix)
+    return torch.cat([first["logits"][:, None], rest["logits"]], 1).float().cpu()
+
+
+def _processed(pipe, logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_k: int,
+               top_p: float) -> torch.Tensor:
+    """The sampling filters over guided logits ``[n, N, V]``, and the family's forced tokens made one-hot."""
+    probs = Processor(temperature, top_k, top_p).probs(logits)
     layout = pipe.engines.token_layout
     if layout is not None:
         forced = torch.tensor(layout.forced[: tokens.shape[1]])

@@ -5,26 +5,18 @@ import torch
 from onnx import numpy_helper
 
 from conftest import JANUS_PROMPTS, SMALL
-from vvs.discrete.exporter import export_folder
 from vvs.engines import load_engines
 from vvs.runtime.options import DecodeOptions
 
 
-@pytest.fixture(scope="module")
-def int8_folder(bundle_factory, tmp_path_factory):
-    out = tmp_path_factory.mktemp("int8") / "eng"
-    export_folder(bundle_factory(), out, precision="int8", decoding_defaults=SMALL, progress=False)
-    return out
-
-
 @pytest.fixture(params=["llamagen", "janus-pro"])
-def quantized(request, bundle_factory, int8_folder, janus_bundle, janus_int8_folder):
+def quantized(request, bundle_factory):
     """(fp32 bundle, its int8 folder, int8 weight matrices per block, activation quantizers per block): LlamaGen's
     GPT (wqkv, wo, w1, w3, w2; w1 and w3 read one quantized input) and Janus-Pro's Llama blocks (q, k, v, o, gate,
-    up, down; q/k/v and gate/up read one each)."""
+    up, down; q/k/v and gate/up read one each). Only the asked family's models and folder are made."""
     if request.param == "llamagen":
-        return bundle_factory(), int8_folder, 5, 4
-    return janus_bundle, janus_int8_folder, 7, 4
+        return bundle_factory(), request.getfixturevalue("tiny_int8_folder"), 5, 4
+    return request.getfixturevalue("janus_bundle"), request.getfixturevalue("janus_int8_folder"), 7, 4
 
 
 def test_qdq_graph_zero_points_are_int8(quantized):

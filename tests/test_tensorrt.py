@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fake_tensorrt
-from conftest import SMALL
+from conftest import SMALL, exported_once
 from vvs.discrete.engines import load_tensorrt
 from vvs.discrete.exporter import export_folder
 from vvs.engines import load_engines
@@ -26,13 +26,20 @@ GRAPHS = ("target_prefill", "target_verify", "draft_tree", "vq_decode")
 TRT_TYPES = {"float32": "FLOAT", "float16": "HALF", "int64": "INT64", "bool": "BOOL"}
 
 
+SHARED_EXPORTS = {"fp32": "tiny_folder", "int8": "tiny_int8_folder"}  # the other tests' folders of the same model
+
+
 @pytest.fixture(scope="module", params=["fp32", "fp16", "int8"])
 def built(request, bundle_factory, tmp_path_factory):
     """An engine folder of the small random model at one precision, built for two GPU generations."""
-    folder = tmp_path_factory.mktemp(f"trt-{request.param}") / "eng"
-    export_folder(bundle_factory(), folder, precision=request.param, decoding_defaults=SMALL, progress=False)
-    build_folder(folder, "tensorrt-rtx", max_images=4, compute_capabilities=[(8, 6), (12, 0)])
-    return folder
+    def build(folder):
+        if request.param in SHARED_EXPORTS:
+            shutil.copytree(request.getfixturevalue(SHARED_EXPORTS[request.param]), folder)
+        else:
+            export_folder(bundle_factory(), folder, precision=request.param, decoding_defaults=SMALL, progress=False)
+        build_folder(folder, "tensorrt-rtx", max_images=4, compute_capabilities=[(8, 6), (12, 0)])
+
+    return exported_once(tmp_path_factory, f"trt-{request.param}", build)
 
 
 def network_io(onnx_path) -> dict[str, tuple[str, int]]:
