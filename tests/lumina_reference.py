@@ -25,9 +25,9 @@ WORDS = ["Generate", "an", "image", "of", "according", "to", "the", "following",
          "on", "sofa", "red", "bird", "branch", "bowl", "soup", "dog", "at", "night", f"{GRID * 16}x{GRID * 16}"]
 
 
-def vocabulary(codes_reversed: bool = True) -> dict[str, int]:
-    """Chameleon's layout: specials 0-3, the image ids 4..8195 named by their code (here in reverse order, so the
-    name table matters), the image tags, reserved ids 8704..8843, words above them."""
+def vocabulary(codes_reversed: bool = True, size: int = VOCAB) -> dict[str, int]:
+    """Chameleon's layout over ``size`` ids: specials 0-3, the image ids 4..8195 named by their code (here in
+    reverse order, so the name table matters), the image tags, reserved ids 8704..8843, words above them."""
     letters = "ABCDEFGHIJ"
     vocab = {"<unk>": 0, "<s>": BOS, "</s>": 2, "<pad>": PAD, "<eoss>": EOI, "<racm3:break>": BOI}
     for i in range(8192):
@@ -37,7 +37,7 @@ def vocabulary(codes_reversed: bool = True) -> dict[str, int]:
         vocab[f"<reserved{n:05d}>"] = n + 4
     for i, word in enumerate(WORDS):
         vocab[word] = 8844 + i
-    for i in range(8844 + len(WORDS), VOCAB):
+    for i in range(8844 + len(WORDS), size):
         vocab[f"t{i}"] = i
     return vocab
 
@@ -97,7 +97,7 @@ def rewrite(folder: Path, change) -> None:
     index_path.write_text(json.dumps(index))
 
 
-def write_tokenizer_folder(folder: Path, seed: int = 0) -> Path:
+def write_tokenizer_folder(folder: Path, seed: int = 0, size: int = VOCAB) -> Path:
     """Chameleon's tokenizer folder: a word-level ``text_tokenizer.json`` over :func:`vocabulary` (the reserved ids
     and tags as special tokens, as Chameleon's tokenizer has them) and a small random VQGAN of Chameleon's
     architecture as ``vqgan.yaml`` + ``vqgan.ckpt``."""
@@ -106,7 +106,7 @@ def write_tokenizer_folder(folder: Path, seed: int = 0) -> Path:
     from vvs.families.lumina_mgpt.vqgan import ChameleonVQGAN, VQGANConfig
 
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = vocabulary()
+    vocab = vocabulary(size=size)
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.add_special_tokens([AddedToken(name, special=True) for name in vocab

@@ -49,6 +49,28 @@ def test_greedy_ar_is_the_official_solvers_image(bundle, official):
     assert len({tuple(r.tolist()) for r in tokens}) == len(PROMPTS)  # the prompts matter
 
 
+def test_the_peers_bench_runs_the_official_procedure_on_transformers(bundle, official, monkeypatch):
+    """bench/peers.py's transformers side for Lumina-mGPT (``generate`` with its guidance and layout logits
+    processors, transformers' image mask lifted) gives the reference decoder's greedy image, which vvs's greedy
+    ``ar`` gives too (above): the peers table compares one procedure on two engines."""
+    import copy
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("peers", Path(__file__).parents[1] / "bench" / "peers.py")
+    peers = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "peers", peers)  # its dataclass looks its module up while it is defined
+    spec.loader.exec_module(peers)
+    model = copy.deepcopy(official[2])  # the mask is lifted on this copy only
+    size = bundle.target.config.size_token(GRID)
+    for prompt in PROMPTS[:2]:
+        ids = official_prompt(prompt, official[1] / "text_tokenizer.json")
+        image = peers.lumina_image(model, torch.tensor([ids + [BOI, size, size]]), GRID,
+                                   dict(cfg_scale=3.0, temperature=1.0, top_k=0), greedy=True)
+        assert image == official_greedy(official[2], ids, 3.0), prompt
+
+
 @pytest.fixture(scope="module")
 def with_drafter(lumina_bundle):
     return lumina_bundle
