@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -133,22 +134,21 @@ FIRST_CODE, CODES, EOL = 4, 8192, 8803
 
 
 def write_lumina(folder: Path, peer: Peer) -> None:
-    """Random Lumina-mGPT-7B-width weights over Chameleon's vocabulary layout, in Lumina-mGPT's folder layout
-    (``save_pretrained`` of a transformers Chameleon, one query/key norm row per shard, no VQGAN encoder), and
-    Chameleon's tokenizer folder beside it (a word-level tokenizer and a small random VQGAN, which is not timed)."""
+    """Random Lumina-mGPT-7B-width weights over Chameleon's vocabulary layout in transformers' layout
+    (``save_pretrained`` of a transformers Chameleon: query/key norms per head, which transformers needs and vvs
+    reads as well as Lumina-mGPT's one row per shard), and Chameleon's tokenizer folder beside it (a word-level
+    tokenizer and a small random VQGAN, which is not timed)."""
     import torch
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
-    from tests.lumina_reference import BOS, PAD, rewrite, vocabulary, write_tokenizer_folder
+    from tests.lumina_reference import BOS, PAD, vocabulary, write_tokenizer_folder
 
     torch.manual_seed(0)
     vocab = vocabulary(size=LUMINA_TEXT["vocab_size"])
     config = ChameleonConfig(**LUMINA_TEXT, num_hidden_layers=peer.layers, vocabulary_map=vocab, bos_token_id=BOS,
                              pad_token_id=PAD)
     model = ChameleonForConditionalGeneration(config).eval().to(torch.bfloat16)
-    model.save_pretrained(folder)
-    rewrite(folder, lambda k, v: None if k.startswith("model.vqmodel.") else
-            (v[:1].clone() if "self_attn" in k and k.endswith(("_norm.weight", "_norm.bias")) else v))
+    model.save_pretrained(folder, max_shard_size="1GB")  # shards and their index, as the released folders hold
     write_tokenizer_folder(folder.with_name(folder.name + "-tokenizer"), size=LUMINA_TEXT["vocab_size"])
 
 
@@ -266,7 +266,10 @@ def child(args) -> None:
     else:
         seconds, tokens, forwards = run_vvs(folder, peer, args.mode, args.seed, args.greedy)
     print(json.dumps({"seconds": seconds, "tokens": tokens, "target_forwards": forwards,
-                      "peak_gib": peak_resident_bytes() / 2**30}))
+                      "peak_gib": peak_resident_bytes() / 2**30}), flush=True)
+    # the result is out: skip the interpreter's teardown, which ONNX Runtime's thread pools aborted once after a
+    # finished run ("terminate called without an active exception")
+    os._exit(0)
 
 
 def measure(args, side: str, path: Path, mode: str = "ar", seed: int = 0, greedy: bool = False) -> dict:
