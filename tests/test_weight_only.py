@@ -26,6 +26,9 @@ TARGET = ("target_prefill", "target_verify")
 # 0.972, int4 0.889; docs/performance.md); the floors leave room for other hosts' rounding
 TINY_FLOOR = {"int8": 0.95, "int4": 0.75}
 SHIPPED_FLOOR = {"int8": 0.95, "int4": 0.85}
+# a target plan holding its matrices as float32 would be about 6x its int4 graph (4 bytes per weight against half a
+# byte and a float32 scale per 32); measured at Janus-Pro-1B's width: 1.03 (target_prefill) and 1.20 (target_verify)
+PLAN_TO_GRAPH = 2
 
 
 @pytest.fixture(scope="module")
@@ -292,6 +295,32 @@ def test_tensorrt_rtx_builds_the_shipped_int4_folder(shipped_folders, tmp_path):
     sizes = {name: (folder / e["file"]).stat().st_size for name, e in manifest["tensorrt-rtx"]["engines"].items()}
     print(f"TensorRT-RTX plans of the shipped int4 folder (bytes): {sizes}")
     assert sorted(sizes) == sorted(manifest["graphs"])
+
+
+@pytest.mark.slow
+def test_tensorrt_rtx_builds_an_int4_target_at_janus_pro_1b_width(janus_bundle, tmp_path):
+    """The small Janus target at Janus-Pro-1B's width (2,048, 16 heads of 128, feed-forward 5,632, the 16,384-code
+    head) and its own 2 layers, exported int4: TensorRT-RTX builds every graph, the target's from the int4 blocks,
+    and its plans stay near the int4 graphs' size instead of holding a float32 copy of the matrices."""
+    from dataclasses import replace
+
+    from vvs.discrete.exporter import export_folder
+    from vvs.engines.tensorrt_build import build_folder
+    from vvs.families.janus_pro.family import SAMPLING
+    from vvs.families.janus_pro.inflate import inflate_bundle
+
+    bundle = inflate_bundle(replace(janus_bundle, drafter=None), "Janus-Pro-1B", n_layer=2)
+    assert (bundle.target.config.dim, bundle.target.config.vocab_size) == (2048, 16384)
+    folder = tmp_path / "janus-1b-int4"
+    export_folder(bundle, folder, weights="int4", decoding_defaults={**SAMPLING, "lantern_k": 4}, progress=False,
+                  torch_weights=False)  # the small VQ's 256 codes have fewer neighbours than the default's
+    manifest = build_folder(folder, "tensorrt-rtx", max_images=2)
+    assert sorted(manifest["tensorrt-rtx"]["engines"]) == sorted(manifest["graphs"])
+    for name in TARGET:
+        graph = sum(p.stat().st_size for p in folder.glob(f"{name}.onnx*"))
+        plan = (folder / manifest["tensorrt-rtx"]["engines"][name]["file"]).stat().st_size
+        print(f"{name}: int4 graph {graph / 2**20:.0f} MiB, TensorRT-RTX plan {plan / 2**20:.0f} MiB")
+        assert plan < PLAN_TO_GRAPH * graph, (name, graph, plan)
 
 
 def test_the_dequantized_form_multiplies_by_onnx_runtimes_weights():
