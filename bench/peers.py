@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 PROMPT = "a photo of a cat"
 THREADS = 2
 MODES = ("ar", "sjd", "sjd-pac", "gsd")
-WEIGHTS = ("fp32", "int8", "int4")
+WEIGHTS = ("fp32", "int8", "int4", "int4-head8")
 
 
 @dataclass(frozen=True)

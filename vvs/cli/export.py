@@ -73,7 +73,8 @@ def export(model, out, force, backend, compute_capability, max_images, **options
             if value not in (None, "fp32") and value not in BUILDS_WEIGHT_ONLY[backend]:
                 raise VVSError(f"option --{name.replace('_', '-')} {value}: ONNX Runtime's MatMulNBits, which "
                                f"{backend} does not build; export it for --backend onnxruntime, or without it for "
-                               f"{backend}" + (" (which takes int4)" if BUILDS_WEIGHT_ONLY[backend] else ""))
+                               f"{backend}" + (f" (which takes {' or '.join(BUILDS_WEIGHT_ONLY[backend])})"
+                                               if BUILDS_WEIGHT_ONLY[backend] else ""))
         capabilities = parse_compute_capabilities(compute_capability)
         check_build_request(backend, capabilities)
     own = {name: value for name, value in options.items() if name not in OWNERS or chosen in OWNERS[name]}

@@ -29,6 +29,7 @@ from vvs.engines.manifest import (CALIBRATION, FORMAT, MANIFEST, TABLES, TORCH_W
 from vvs.errors import VVSError
 from vvs.export.folder import folder_transaction, tool_versions
 from vvs.export.onnx_export import export_graph
+from vvs.export.weight_only import HEADLESS
 from vvs.export.spec import DTYPES, GraphSpec
 from vvs.families.registry import family_of
 from vvs.models.layers import cast_floating
@@ -41,7 +42,8 @@ PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.float1
 TREES = "trees"  # draft_tree graphs of other tree shapes, exported on demand
 TREE_INDEX = "index.json"  # in TREES: the size and sha256 of every file exported there
 PROMPT_TOKENIZER = "tokenizer.json"  # a target's own text tokenizer, where prompts are its input
-WEIGHTS = ("fp32", *WEIGHT_ONLY)  # --weights, --drafter-weights
+WEIGHTS = ("fp32", *WEIGHT_ONLY)  # --weights
+DRAFTER_WEIGHTS = tuple(w for w in WEIGHTS if w not in HEADLESS)  # --drafter-weights
 FLOAT_GRAPHS = ("vq_decode",)  # pixels out of codes: no weight-only form, its convolutions are not MatMuls
 
 
@@ -53,9 +55,9 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
     """Export ``bundle`` into ``out_dir``; returns the manifest. ``neighbours``: LANTERN neighbours stored per
     code (default: the decoding defaults' ``lantern_k``). ``text_encoder``: a t2i target's ``transformers`` T5
     encoder and tokenizer (:func:`vvs.text.export.load_text_encoder`), exported as the ``text_encode`` graph.
-    ``weights="int8"`` or ``"int4"``: the constant matrices of the target's and the drafter's graphs as ONNX
-    Runtime's ``MatMulNBits`` (:mod:`vvs.export.weight_only`); ``drafter_weights``: the same for the draft_tree
-    graphs alone (None: as ``weights``). ``torch_weights=False``: the folder runs on the ONNX backends only (a scale
+    ``weights="int8"``, ``"int4"`` or ``"int4-head8"``: the constant matrices of the target's and the drafter's
+    graphs as ONNX Runtime's ``MatMulNBits`` (:mod:`vvs.export.weight_only`); ``drafter_weights``: the same for the
+    draft_tree graphs alone (None: as ``weights``, int4 for int4-head8). ``torch_weights=False``: the folder runs on the ONNX backends only (a scale
     folder whose 7B target could not be saved beside its graphs in memory)."""
     if precision not in PRECISIONS:
         raise VVSError(f"option precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
@@ -151,9 +153,10 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
 def weights_per_graph(weights: str, drafter_weights: str | None, precision: str, has_drafter: bool) -> dict:
     """What each graph's matrices are stored as (the manifest's ``graphs.<name>.weights``), or a one-line refusal
     of a combination that cannot be exported."""
-    for option, value in (("--weights", weights), ("--drafter-weights", drafter_weights)):
-        if value is not None and value not in WEIGHTS:
-            raise VVSError(f"option {option} {value}: choose one of {', '.join(WEIGHTS)}")
+    for option, value, choices in (("--weights", weights, WEIGHTS),
+                                   ("--drafter-weights", drafter_weights, DRAFTER_WEIGHTS)):
+        if value is not None and value not in choices:
+            raise VVSError(f"option {option} {value}: choose one of {', '.join(choices)}")
     if weights != "fp32" and drafter_weights is not None:
         raise VVSError(f"option --drafter-weights {drafter_weights}: --weights {weights} already sets the drafter's "
                        "weights; give --weights alone, or --drafter-weights alone to quantise only the drafter")
@@ -164,7 +167,7 @@ def weights_per_graph(weights: str, drafter_weights: str | None, precision: str,
     if drafter_weights not in (None, "fp32") and (precision != "fp32" or not has_drafter):
         raise VVSError(f"option --drafter-weights {drafter_weights}: needs a drafter and --precision fp32 "
                        f"({why.format(drafter_weights)})")
-    drafter_weights = drafter_weights or weights
+    drafter_weights = drafter_weights or HEADLESS.get(weights, weights)
     floating = "fp32" if precision == "fp32" else "fp16"
     target = "w8a8" if precision == "int8" else weights if weights != "fp32" else floating
     stored = {name: target for name in W8A8_GRAPHS}

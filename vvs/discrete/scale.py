@@ -35,6 +35,7 @@ from vvs.errors import VVSError
 SESSION_COPIES = 2.3
 PEAK_BYTES = {"fp32": SESSION_COPIES * 4, "int8": max(2, SESSION_COPIES * (1 + 4 / 32)),
               "int4": max(2, SESSION_COPIES * (0.5 + 4 / 32))}
+PEAK_BYTES["int4-head8"] = PEAK_BYTES["int4"]  # the export's float16 copy bounds both (2 bytes a parameter)
 MEMORY_SHARE = 0.8  # of physical memory, the rest for the runtime, the drafter and the operating system
 
 

@@ -35,9 +35,10 @@ class EngineFolderError(VVSError):
 
 # What a graph's matrices are stored as: float32, float16 / bfloat16 (such folders, and int8 folders' graphs other
 # than the target's), w8a8 (SmoothQuant's per-channel int8 weights and int8 activations as Q/DQ, int8 folders'
-# target graphs), or int8 / int4 (weight-only: ONNX Runtime's block-wise MatMulNBits in a float32 graph)
-GRAPH_WEIGHTS = ("fp32", "fp16", "bf16", "w8a8", "int8", "int4")
-WEIGHT_ONLY = ("int8", "int4")
+# target graphs), or int8 / int4 / int4-head8 (weight-only: ONNX Runtime's block-wise MatMulNBits in a float32
+# graph; int4-head8: int4 but the output head int8)
+GRAPH_WEIGHTS = ("fp32", "fp16", "bf16", "w8a8", "int8", "int4", "int4-head8")
+WEIGHT_ONLY = ("int8", "int4", "int4-head8")
 W8A8_GRAPHS = ("target_prefill", "target_verify")  # what --precision int8 quantizes
 
 

@@ -146,9 +146,9 @@ def check_int8(folder: Path, manifest: dict) -> None:
                              "TensorRT has no implicit calibration")
 
 
-# weight-only graphs TensorRT-RTX takes: int4 blocks (its parser refuses the negative scales of ONNX Runtime's
-# symmetric int8 blocks; TensorRT 11 was never tried)
-BUILDS_WEIGHT_ONLY = {"tensorrt-rtx": ("int4",), "tensorrt": ()}
+# weight-only graphs TensorRT-RTX takes: int4 blocks, and int4-head8's int8 head (vvs writes int8 blocks with
+# positive scales, which its parser needs); whole int8 folders and TensorRT 11 were never tried
+BUILDS_WEIGHT_ONLY = {"tensorrt-rtx": ("int4", "int4-head8"), "tensorrt": ()}
 # TensorRT-RTX 1.7.1's builder stops with an internal error (Myelin, codeGenerator.cpp:2012) on the int4 draft_tree
 # graph of more than one tree level: its plan holds the same values as float32 (the drafter only proposes)
 FLOAT_COPY = ("draft_tree",)

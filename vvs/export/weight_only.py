@@ -9,6 +9,10 @@ proposes, so what this changes is which drafts are proposed, never what an exact
 target too (``--weights``) is what lets a 7B target fit the memory users have: exact modes then sample the
 quantised target's distribution. TensorRT cannot parse ``MatMulNBits``: :func:`dequantize_form` writes the same
 integers and scales in the form its parser takes.
+
+int4-head8 keeps the target's output head -- the matrix whose product is the logits -- at int8: an error there moves
+every logit directly (guidance then multiplies it), and the head is a small share of a 1B-7B target's weights
+(Janus-Pro-7B: 67M of 7B). On the shipped Janus-Pro pair it raises top-1 agreement with float32 from 80 % to 92 %.
 """
 from __future__ import annotations
 
@@ -21,18 +25,22 @@ import onnx_ir as ir
 from onnx import numpy_helper
 from onnx_ir import convenience
 
-BITS = {"int8": 8, "int4": 4}  # by the name an engine folder records
+# by the name an engine folder records: the bits of its matrices, and of the target's output head
+BITS = {"int8": (8, 8), "int4": (4, 4), "int4-head8": (4, 8)}
+HEADLESS = {"int4-head8": "int4"}  # what a graph without logits stores (the drafter's: its head proposes only)
 BLOCK = 32
 ACCURACY_LEVEL = 4  # int8 activations times int8 weights
 
 
 def as_matmul_nbits(graph: ir.Graph, read: Callable[[str], np.ndarray], weights: str) -> None:
     """Rewrite each MatMul of ``graph`` by a constant matrix -- an initialiser ``[K, N]``, or the transpose of one
-    ``[N, K]``, as torch's exporter writes a Linear -- as ``MatMulNBits`` of ``weights`` (a :data:`BITS` name).
+    ``[N, K]``, as torch's exporter writes a Linear -- as ``MatMulNBits`` of ``weights`` (a :data:`BITS` name;
+    its head bits apply to the :func:`output_head` of a graph with logits).
     ``read(name)`` gives an initialiser's float32 values; it is called only as the file is written, once per
     matrix, so the graph never holds more than one matrix's floats."""
-    bits = BITS[weights]
-    quantised: dict[str, tuple[ir.Value, ir.Value, int, int]] = {}
+    matrices, head = BITS[weights]
+    heads = output_head(graph)
+    quantised: dict[tuple[str, int], tuple[ir.Value, ir.Value, int, int]] = {}
     for node in list(graph):
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
             continue
@@ -43,25 +51,51 @@ def as_matmul_nbits(graph: ir.Graph, read: Callable[[str], np.ndarray], weights:
         matrix = transpose.inputs[0] if transposed else source
         if not (matrix.is_initializer() and matrix.shape is not None and len(matrix.shape) == 2):
             continue
-        if matrix.name not in quantised:
-            quantised[matrix.name] = _packed(graph, matrix, read, bits, transposed)
-        packed, scales, k, n = quantised[matrix.name]
+        bits = head if node in heads else matrices
+        if (matrix.name, bits) not in quantised:
+            quantised[matrix.name, bits] = _packed(graph, matrix, read, bits, transposed)
+        packed, scales, k, n = quantised[matrix.name, bits]
         attributes = [ir.AttrInt64(key, value) for key, value in
                       (("K", k), ("N", n), ("bits", bits), ("block_size", BLOCK), ("accuracy_level", ACCURACY_LEVEL))]
         new = ir.Node("com.microsoft", "MatMulNBits", [node.inputs[0], packed, scales], attributes, name=node.name)
         convenience.replace_nodes_and_values(graph, node, [node], [new], node.outputs, new.outputs)
         if transposed and not transpose.outputs[0].uses():
             graph.remove(transpose, safe=True)
-    for name in quantised:
+    for name in {name for name, _ in quantised}:
         if not graph.initializers[name].uses():
             graph.initializers.pop(name)
     graph.opset_imports.setdefault("com.microsoft", 1)
 
 
+def output_head(graph: ir.Graph, output: str = "logits") -> set[ir.Node]:
+    """The MatMuls by a constant matrix nearest to ``output`` upstream: the head whose product the logits are
+    (guidance mixes the conditional and unconditional rows after it, itself a MatMul by an input)."""
+    heads: set[ir.Node] = set()
+    todo = [v.producer() for v in graph.outputs if v.name == output]
+    seen: set[ir.Node] = set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node.op_type == "MatMul" and _constant_matrix(node.inputs[1]):
+            heads.add(node)
+        else:
+            todo.extend(value.producer() for value in node.inputs if value is not None)
+    return heads
+
+
+def _constant_matrix(value: ir.Value) -> bool:
+    transpose = value.producer()
+    if transpose is not None and transpose.op_type == "Transpose":
+        value = transpose.inputs[0]
+    return value.is_initializer()
+
+
 def _packed(graph: ir.Graph, matrix: ir.Value, read, bits: int, transposed: bool) -> tuple[ir.Value, ir.Value, int, int]:
     """Initialisers of ``matrix`` as ONNX Runtime's block-wise symmetric codes ``[N, blocks, bytes]`` and scales
     ``[N, blocks]``, computed together when the first of them is written."""
-    from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
     n, k = matrix.shape if transposed else reversed(matrix.shape)
     blocks = -(-k // BLOCK)
@@ -75,8 +109,11 @@ def _packed(graph: ir.Graph, matrix: ir.Value, read, bits: int, transposed: bool
             values = np.pad(values, ((0, blocks * BLOCK - k), (0, 0)))
             done["codes"] = np.zeros(shapes["codes"], np.uint8)
             done["scales"] = np.zeros(shapes["scales"], np.float32)
-            (quantize_matmul_4bits if bits == 4 else quantize_matmul_8bits)(
-                done["codes"], values, done["scales"], np.zeros((n, blocks), np.uint8), BLOCK, n, k, True)
+            if bits == 4:
+                quantize_matmul_4bits(done["codes"], values, done["scales"], np.zeros((n, blocks), np.uint8), BLOCK,
+                                      n, k, True)
+            else:
+                done["codes"], done["scales"] = int8_blocks(values)
         return ir.Tensor(done.pop(part), name=f"{matrix.name}_Q{bits}_{part}")
 
     values = []
@@ -87,6 +124,19 @@ def _packed(graph: ir.Graph, matrix: ir.Value, read, bits: int, transposed: bool
         graph.register_initializer(value)
         values.append(value)
     return values[0], values[1], k, n
+
+
+def int8_blocks(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``values [K, N]`` (K a multiple of :data:`BLOCK`) as symmetric int8 codes ``[N, blocks, BLOCK]`` (the integer
+    plus MatMulNBits' implied zero point of 128) and positive scales ``[N, blocks]``: the largest |value| of a block
+    is 127 of its scale. ONNX Runtime's own int8 quantiser maps it to -128 with a negative scale, which TensorRT's
+    parser refuses."""
+    k, n = values.shape
+    blocks = values.T.reshape(n, k // BLOCK, BLOCK)
+    scales = np.abs(blocks).max(-1) / 127
+    safe = np.where(scales == 0, 1, scales)[..., None]
+    codes = (np.clip(np.rint(blocks / safe), -127, 127) + 128).astype(np.uint8)
+    return codes, scales.astype(np.float32)
 
 
 def dequantize_form(model: onnx.ModelProto, to_float: bool = False) -> onnx.ModelProto:
