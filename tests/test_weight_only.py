@@ -1,5 +1,5 @@
-"""``vvs-export --weights int8 | int4``: the target's and the drafter's matrices as ONNX Runtime's block-wise
-``MatMulNBits`` (:mod:`vvs.export.weight_only`).
+"""``vvs-export --weights int8 | int4 | int4-head8``: the target's and the drafter's matrices as ONNX Runtime's
+block-wise ``MatMulNBits`` (:mod:`vvs.export.weight_only`); int4-head8 keeps the target's output head at int8.
 
 Exact modes then sample the *quantised* target's distribution exactly, so greedy ``sd`` and ``sjd`` must decode the
 greedy ``ar`` tokens of the same folder; how far the quantised target is from the float32 one is measured as the
@@ -17,15 +17,15 @@ from vvs.engines.manifest import EngineFolderError, graph_weights, read_manifest
 from vvs.export.weight_only import ACCURACY_LEVEL
 from vvs.runtime.pipeline import Pipeline
 
-BITS = {"int8": 8, "int4": 4}
+BITS = {"int8": (8, 8), "int4": (4, 4), "int4-head8": (4, 8)}  # the bits of the matrices, of the target's head
 QUANTISED = ("target_prefill", "target_verify", "draft_tree")
 TARGET = ("target_prefill", "target_verify")
 # top-1 agreement with the float32 target over every code a decode's target calls score, measured on the tiny
 # random bundle (16 codes, 64 channels: two int4 blocks per row, a coarse case; 4 images with guidance: int8
 # 1.000, int4 0.875 of 64 positions) and on the shipped model (1,024 codes, 8 sampled images, 2,048 positions: int8
 # 0.972, int4 0.889; docs/performance.md); the floors leave room for other hosts' rounding
-TINY_FLOOR = {"int8": 0.95, "int4": 0.75}
-SHIPPED_FLOOR = {"int8": 0.95, "int4": 0.85}
+TINY_FLOOR = {"int8": 0.95, "int4": 0.75, "int4-head8": 0.75}
+SHIPPED_FLOOR = {"int8": 0.95, "int4": 0.85, "int4-head8": 0.85}
 # a target plan holding its matrices as float32 would be about 6x its int4 graph (4 bytes per weight against half a
 # byte and a float32 scale per 32); measured at Janus-Pro-1B's width: 1.03 (target_prefill) and 1.20 (target_verify)
 PLAN_TO_GRAPH = 2
@@ -51,6 +51,22 @@ def constant_matmuls(path) -> tuple[list, list]:
             [n for n in graph.node if n.op_type == "MatMulNBits"])
 
 
+def logits_inputs(graph) -> set[str]:
+    """The values the graph's logits are computed from without another multiplication by a stored matrix."""
+    producers = {out: node for node in graph.node for out in node.output}
+    stored = {i.name for i in graph.initializer}
+    found, todo = set(), ["logits"]
+    while todo:
+        value = todo.pop()
+        node = producers.get(value)
+        if node is None or value in found:
+            continue
+        found.add(value)
+        if node.op_type != "MatMulNBits" and not (node.op_type == "MatMul" and node.input[1] in stored):
+            todo.extend(node.input)
+    return found
+
+
 def attribute(node, name):
     return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
 
@@ -58,19 +74,28 @@ def attribute(node, name):
 @pytest.mark.parametrize("weights", list(BITS))
 def test_every_constant_matmul_of_target_and_drafter_is_matmulnbits(folders, weights):
     """Every stored matrix the target's and the drafter's graphs multiply (the blocks' linears and the heads) is
-    MatMulNBits of the asked bits at the measured accuracy level; the image decoder stays float; the manifest
-    records each graph's weights."""
+    MatMulNBits of the asked bits at the measured accuracy level, the target's output head (the one whose product
+    becomes the logits) at int4-head8's 8 bits; the drafter's graph of an int4-head8 folder is int4 (it has no
+    logits); the image decoder stays float; the manifest records each graph's weights."""
     folder = folders[weights]
     manifest = read_manifest(folder)
     layers = manifest["model"]["target"]["n_layer"]
+    matrices, head = BITS[weights]
     for name in QUANTISED:
         plain, nbits = constant_matmuls(folder / manifest["graphs"][name]["file"])
         assert not plain, f"{name}: {[n.name for n in plain]} still float"
         # qkv (fused or not), o, gate/up, down per layer and the head
         assert len(nbits) >= (4 * layers + 1 if name in TARGET else 5), name
-        assert {attribute(n, "bits") for n in nbits} == {BITS[weights]}
+        bits = [attribute(n, "bits") for n in nbits]
+        if name in TARGET:
+            assert sorted(bits) == sorted([matrices] * (len(nbits) - 1) + [head]), (name, bits)
+            last = onnx.load(str(folder / manifest["graphs"][name]["file"]), load_external_data=False).graph
+            heads = [n.name for n in nbits if n.output[0] in logits_inputs(last)]
+            assert [attribute(n, "bits") for n in nbits if n.name in heads] == [head], (name, heads)
+        else:
+            assert set(bits) == {matrices}, (name, bits)
         assert {attribute(n, "accuracy_level") for n in nbits} == {ACCURACY_LEVEL}
-        assert manifest["graphs"][name]["weights"] == weights
+        assert manifest["graphs"][name]["weights"] == (weights if name in TARGET else f"int{matrices}")
     vq = onnx.load(str(folder / manifest["graphs"]["vq_decode"]["file"]), load_external_data=False).graph
     assert not any(n.op_type == "MatMulNBits" for n in vq.node)
     assert manifest["graphs"]["vq_decode"]["weights"] == "fp32"
@@ -248,10 +273,11 @@ EXPORT_REFUSALS = [
                                                      "tensorrt does not build"),
     (["--weights", "int8", "--backend", "tensorrt-rtx"], "which tensorrt-rtx does not build; export it for "
                                                         "--backend onnxruntime, or without it for tensorrt-rtx "
-                                                        "(which takes int4)"),
+                                                        "(which takes int4 or int4-head8)"),
     (["--drafter-weights", "int8", "--backend", "tensorrt"], "option --drafter-weights int8: ONNX Runtime's"),
     (["--weights", "int4", "--drafter-weights", "int8"], "--weights int4 already sets the drafter's weights"),
     (["--weights", "int4", "--drafter-weights", "fp32"], "--weights int4 already sets the drafter's weights"),
+    (["--weights", "int4-head8", "--drafter-weights", "int4"], "--weights int4-head8 already sets the drafter's"),
     (["--model", "mar", "--weights", "int4"], "option --weights: applies to --model"),
 ]
 
@@ -300,8 +326,9 @@ def test_tensorrt_rtx_builds_the_shipped_int4_folder(shipped_folders, tmp_path):
 @pytest.mark.slow
 def test_tensorrt_rtx_builds_an_int4_target_at_janus_pro_1b_width(janus_bundle, tmp_path):
     """The small Janus target at Janus-Pro-1B's width (2,048, 16 heads of 128, feed-forward 5,632, the 16,384-code
-    head) and its own 2 layers, exported int4: TensorRT-RTX builds every graph, the target's from the int4 blocks,
-    and its plans stay near the int4 graphs' size instead of holding a float32 copy of the matrices."""
+    head) and its own 2 layers, exported int4-head8: TensorRT-RTX builds every graph, the target's from the int4
+    blocks and the int8 head, and its plans stay near the graphs' size instead of holding a float32 copy of the
+    matrices."""
     from dataclasses import replace
 
     from vvs.discrete.exporter import export_folder
@@ -312,26 +339,26 @@ def test_tensorrt_rtx_builds_an_int4_target_at_janus_pro_1b_width(janus_bundle, 
     bundle = inflate_bundle(replace(janus_bundle, drafter=None), "Janus-Pro-1B", n_layer=2)
     assert (bundle.target.config.dim, bundle.target.config.vocab_size) == (2048, 16384)
     folder = tmp_path / "janus-1b-int4"
-    export_folder(bundle, folder, weights="int4", decoding_defaults={**SAMPLING, "lantern_k": 4}, progress=False,
+    export_folder(bundle, folder, weights="int4-head8", decoding_defaults={**SAMPLING, "lantern_k": 4}, progress=False,
                   torch_weights=False)  # the small VQ's 256 codes have fewer neighbours than the default's
     manifest = build_folder(folder, "tensorrt-rtx", max_images=2)
     assert sorted(manifest["tensorrt-rtx"]["engines"]) == sorted(manifest["graphs"])
     for name in TARGET:
         graph = sum(p.stat().st_size for p in folder.glob(f"{name}.onnx*"))
         plan = (folder / manifest["tensorrt-rtx"]["engines"][name]["file"]).stat().st_size
-        print(f"{name}: int4 graph {graph / 2**20:.0f} MiB, TensorRT-RTX plan {plan / 2**20:.0f} MiB")
+        print(f"{name}: int4-head8 graph {graph / 2**20:.0f} MiB, TensorRT-RTX plan {plan / 2**20:.0f} MiB")
         assert plan < PLAN_TO_GRAPH * graph, (name, graph, plan)
 
 
 def test_the_dequantized_form_multiplies_by_onnx_runtimes_weights():
-    """:func:`dequantize_form` unpacks MatMulNBits' codes and scales exactly: an identity input gives the same
-    matrix from both graphs, for int4 and int8, and as float32 values too."""
+    """The blocks vvs writes are the weights rounded (int8 with positive scales, as TensorRT's parser needs), and :func:`dequantize_form` unpacks their codes and scales exactly: an identity input gives the
+    same matrix from both graphs, for int4 and int8, and as float32 values too."""
     import numpy as np
+    import onnx_ir as ir
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    from vvs.export.weight_only import BLOCK, dequantize_form
+    from vvs.export.weight_only import BLOCK, as_matmul_nbits, dequantize_form
 
     k, n = 3 * BLOCK, 40
     weights = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32)
@@ -340,19 +367,23 @@ def test_the_dequantized_form_multiplies_by_onnx_runtimes_weights():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
                               [numpy_helper.from_array(weights, "w")])
     eye = {"a": np.eye(k, dtype=np.float32)}
-    for bits in (4, 8):
-        quantiser = MatMulNBitsQuantizer(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)],
-                                                           ir_version=10), bits=bits, block_size=BLOCK,
-                                         is_symmetric=True)
-        quantiser.process()
-        model = quantiser.model.model.SerializeToString()
-        ours = ort.InferenceSession(model).run(None, eye)[0]
+    for name, bits in (("int4", 4), ("int8", 8)):
+        model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10))
+        as_matmul_nbits(model.graph, lambda _: weights, name)
+        proto = ir.to_proto(model)
+        (node,) = proto.graph.node
+        scales = numpy_helper.to_array(next(i for i in proto.graph.initializer if i.name == node.input[2]))
+        ours = ort.InferenceSession(proto.SerializeToString()).run(None, eye)[0]
         for to_float in (False, True):
-            form = dequantize_form(onnx.ModelProto.FromString(model), to_float)
+            form = dequantize_form(onnx.ModelProto.FromString(proto.SerializeToString()), to_float)
             assert not any(node.op_type == "MatMulNBits" for node in form.graph.node)
             np.testing.assert_allclose(ort.InferenceSession(form.SerializeToString()).run(None, eye)[0], ours,
                                        rtol=0, atol=1e-6)
-        assert np.abs(ours - weights).max() < (0.5 if bits == 4 else 0.05)  # and they are the weights, rounded
+        step = np.repeat(np.abs(scales).reshape(n, -1).T, BLOCK, axis=0)  # [K, N], each weight's block scale
+        # the weights rounded to their blocks (an int4 block's largest value of the other sign may clip at 7 of 8)
+        assert np.all(np.abs(ours - weights) <= (step / 2 if bits == 8 else step) + 1e-6), name
+        if bits == 8:
+            assert np.all(scales > 0), "TensorRT's parser refuses a negative scale"
 
 
 @pytest.mark.slow
