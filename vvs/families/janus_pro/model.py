@@ -18,7 +18,7 @@ from torch import nn
 
 from vvs.discrete.target import GPTOutput, TargetConfigMixin
 from vvs.export.spec import TensorSpec
-from vvs.models.layers import LlamaLayer, RMSNorm, Rotary, causal_mask, rope_1d_table
+from vvs.models.layers import LlamaLayer, RMSNorm, Rotary, causal_mask, layer_caches, rope_1d_table
 
 
 @dataclass(frozen=True)
@@ -197,8 +197,8 @@ class JanusGen(nn.Module):
         body = self.language_model.model
         rope = self.rotary(position_ids)
         new_kv = []
-        for i, layer in enumerate(body.layers):
-            x, kv = layer(x, rope, mask, None if past_kv is None else past_kv[i])
+        for layer, past in zip(body.layers, layer_caches(past_kv, len(body.layers))):
+            x, kv = layer(x, rope, mask, past)
             new_kv.append(kv)
         hidden = body.norm(x)
         return GPTOutput(self.gen_head(hidden).float(), hidden, torch.stack(new_kv))

@@ -14,7 +14,8 @@ from tqdm import tqdm
 
 from vvs.discrete.target import GPTOutput, TargetConfigMixin
 from vvs.export.spec import TensorSpec
-from vvs.models.layers import RMSNorm, Rotary, apply_rope, attend, causal_mask, ffn_hidden_size, rope_2d_table
+from vvs.models.layers import (RMSNorm, Rotary, apply_rope, attend, causal_mask, ffn_hidden_size, layer_caches,
+                               rope_2d_table)
 
 
 @dataclass(frozen=True)
@@ -244,8 +245,8 @@ class GPT(nn.Module):
     def forward_embeddings(self, x, position_ids, mask, past_kv=None) -> GPTOutput:
         rope = self.rotary(position_ids)
         new_kv = []
-        for i, layer in enumerate(self.layers):
-            x, kv = layer(x, rope, mask, None if past_kv is None else past_kv[i])
+        for layer, past in zip(self.layers, layer_caches(past_kv, len(self.layers))):
+            x, kv = layer(x, rope, mask, past)
             new_kv.append(kv)
         hidden = self.norm(x)
         return GPTOutput(self.output(hidden).float(), hidden, torch.stack(new_kv))

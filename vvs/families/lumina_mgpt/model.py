@@ -28,7 +28,7 @@ from torch import nn
 
 from vvs.discrete.target import GPTOutput, TargetConfigMixin
 from vvs.export.spec import TensorSpec
-from vvs.models.layers import LlamaLayer, RMSNorm, Rotary, causal_mask, rope_1d_table
+from vvs.models.layers import LlamaLayer, RMSNorm, Rotary, causal_mask, layer_caches, rope_1d_table
 
 
 @dataclass(frozen=True)
@@ -214,8 +214,8 @@ class ChameleonGen(nn.Module):
     def forward_embeddings(self, x, position_ids, mask, past_kv=None) -> GPTOutput:
         rope = self.rotary(position_ids)
         new_kv = []
-        for i, layer in enumerate(self.model.layers):
-            x, kv = layer(x, rope, mask, None if past_kv is None else past_kv[i])
+        for layer, past in zip(self.model.layers, layer_caches(past_kv, len(self.model.layers))):
+            x, kv = layer(x, rope, mask, past)
             new_kv.append(kv)
         hidden = self.model.norm(x)
         return GPTOutput(self.lm_head(hidden).float(), hidden, torch.stack(new_kv))
