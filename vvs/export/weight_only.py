@@ -129,14 +129,14 @@ def _packed(graph: ir.Graph, matrix: ir.Value, read, bits: int, transposed: bool
 def int8_blocks(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``values [K, N]`` (K a multiple of :data:`BLOCK`) as symmetric int8 codes ``[N, blocks, BLOCK]`` (the integer
     plus MatMulNBits' implied zero point of 128) and positive scales ``[N, blocks]``: the largest |value| of a block
-    is 127 of its scale. ONNX Runtime's own int8 quantiser maps it to -128 with a negative scale, which TensorRT's
-    parser refuses."""
+    is 127 of its scale, a block of zeros has scale 1. ONNX Runtime's own int8 quantiser maps the largest to -128
+    with a negative scale, and a scale of zero to its zeros; TensorRT's parser refuses both."""
     k, n = values.shape
     blocks = values.T.reshape(n, k // BLOCK, BLOCK)
-    scales = np.abs(blocks).max(-1) / 127
-    safe = np.where(scales == 0, 1, scales)[..., None]
-    codes = (np.clip(np.rint(blocks / safe), -127, 127) + 128).astype(np.uint8)
-    return codes, scales.astype(np.float32)
+    largest = np.abs(blocks).max(-1)
+    scales = np.where(largest == 0, 1, largest / 127).astype(np.float32)
+    codes = (np.clip(np.rint(blocks / scales[..., None]), -127, 127) + 128).astype(np.uint8)
+    return codes, scales
 
 
 def dequantize_form(model: onnx.ModelProto, to_float: bool = False) -> onnx.ModelProto:
