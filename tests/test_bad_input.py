@@ -1,5 +1,6 @@
 """Bad input, faults and leftovers: every case ends in a one-line error with exit code 2 (``OptionsError`` /
 ``VVSError`` from the API), never a traceback, and never a changed file outside the output paths."""
+import errno
 import hashlib
 import json
 import math
@@ -13,6 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors import SafetensorError
 
 from conftest import run_cli
 from vvs.cli.bench import main as bench_main
@@ -299,9 +301,14 @@ def test_export_refuses_bad_build_options_before_exporting(tmp_path, capsys, mon
     assert list(tmp_path.iterdir()) == []
 
 
-def test_export_onto_a_full_disk_changes_nothing(bundle_factory, tiny_folder, tmp_path, monkeypatch):
-    import errno
-
+@pytest.mark.parametrize("writer,failure,reason", [
+    ("export_graph", lambda: OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),
+    # the torch weights, written by safetensors, whose errors are not OSErrors
+    ("save_model", lambda: SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+     "No space left on device"),
+])
+def test_export_onto_a_full_disk_changes_nothing(bundle_factory, tiny_folder, tmp_path, monkeypatch, writer,
+                                                failure, reason):
     import vvs.discrete.exporter as exporter
 
     eng = tmp_path / "engines"
@@ -309,11 +316,11 @@ def test_export_onto_a_full_disk_changes_nothing(bundle_factory, tiny_folder, tm
     before = snapshot(tmp_path)
 
     def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
+        raise failure()
 
-    monkeypatch.setattr(exporter, "export_graph", full)  # the first graph's write
-    with pytest.raises(VVSError, match="export failed while writing \\(No space left on device\\); the folder was "
-                                       "left as it was"):
+    monkeypatch.setattr(exporter, writer, full)
+    with pytest.raises(VVSError, match=f"export failed while writing \\(.*{reason}.*\\); the folder was left as it "
+                                       "was"):
         export_folder(bundle_factory(), eng, progress=False, force=True)
     assert snapshot(tmp_path) == before
 

@@ -16,6 +16,7 @@ import onnx
 import onnxruntime
 import onnxscript
 import torch
+from safetensors import SafetensorError
 
 import vvs
 from vvs.engines.manifest import FORMAT, MANIFEST
@@ -42,10 +43,10 @@ def folder_transaction(out_dir: Path, force: bool):
         yield work
         follow_umask(work)
         _replace_dir(work, out_dir)
-    except OSError as err:  # a full disk, a folder that vanished: nothing was replaced
+    except (OSError, SafetensorError) as err:  # a full disk, a folder that vanished: nothing was replaced
         shutil.rmtree(work, ignore_errors=True)
-        raise VVSError(f"{out_dir}: export failed while writing ({err.strerror or err}); the folder was left as it "
-                       "was") from None
+        raise VVSError(f"{out_dir}: export failed while writing ({getattr(err, 'strerror', None) or err}); the "
+                       "folder was left as it was") from None
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
