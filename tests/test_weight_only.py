@@ -25,7 +25,8 @@ TARGET = ("target_prefill", "target_verify")
 # 1.000, int4 0.875 of 64 positions) and on the shipped model (1,024 codes, 8 sampled images, 2,048 positions: int8
 # 0.972, int4 0.889; docs/performance.md); the floors leave room for other hosts' rounding
 TINY_FLOOR = {"int8": 0.95, "int4": 0.75, "int4-head8": 0.75}
-SHIPPED_FLOOR = {"int8": 0.95, "int4": 0.85, "int4-head8": 0.85}
+SHIPPED_FLOOR = {"int8": 0.95, "int4": 0.85}
+SHIPPED = tuple(SHIPPED_FLOOR)  # int4-head8 at the shipped size: bench/weight_quality.py (an export less per run)
 # a target plan holding its matrices as float32 would be about 6x its int4 graph (4 bytes per weight against half a
 # byte and a float32 scale per 32); measured at Janus-Pro-1B's width: 1.03 (target_prefill) and 1.20 (target_verify)
 PLAN_TO_GRAPH = 2
@@ -216,7 +217,7 @@ def shipped_folders(tmp_path_factory):
     from vvs.shipped import shipped_info
 
     folders = {}
-    for weights in ("fp32", *BITS):
+    for weights in ("fp32", *SHIPPED):
         folders[weights] = exported_once(tmp_path_factory, f"shipped-{weights}", lambda path: export_folder(
             load_bundle(), path, decoding_defaults=shipped_info()["decoding_defaults"], progress=False,
             extra_model_info={"classes": [c["name"] for c in shipped_info()["classes"]]}, weights=weights))
@@ -227,7 +228,7 @@ def shipped_folders(tmp_path_factory):
 def test_top1_agreement_on_the_shipped_model(shipped_folders):
     """8 images with the shipped model's default sampling."""
     folders = shipped_folders
-    agreement = top1_agreement(folders["fp32"], {w: folders[w] for w in BITS}, list(range(8)))
+    agreement = top1_agreement(folders["fp32"], {w: folders[w] for w in SHIPPED}, list(range(8)))
     print(f"top-1 agreement with fp32 (shipped model): {agreement}")
     for weights, share in agreement.items():
         assert share >= SHIPPED_FLOOR[weights], (weights, share)
