@@ -1,5 +1,5 @@
 """Where an AR step's time goes: ONNX Runtime's per-operator profile of one ``target_verify`` call at Janus-Pro-1B's
-width (for docs/performance.md, "Weight-only int8 and int4 targets").
+width (for docs/performance.md, "Beside transformers' own Janus-Pro generation").
 
     .venv/bin/python bench/step_ops.py [--layers 4] [--weights fp32|int8|int4|int4-head8] [--work runs/step-ops]
 
