@@ -44,13 +44,11 @@ def as_matmul_nbits(graph: ir.Graph, read: Callable[[str], np.ndarray], weights:
     for node in list(graph):
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
             continue
-        source = node.inputs[1]
-        transpose = source.producer()
-        transposed = (transpose is not None and transpose.op_type == "Transpose"
-                      and list(transpose.attributes.get_ints("perm", [1, 0])) == [1, 0])
-        matrix = transpose.inputs[0] if transposed else source
-        if not (matrix.is_initializer() and matrix.shape is not None and len(matrix.shape) == 2):
+        stored = _stored_matrix(node)
+        if stored is None:
             continue
+        matrix, transpose = stored
+        transposed = transpose is not None
         bits = head if node in heads else matrices
         if (matrix.name, bits) not in quantised:
             quantised[matrix.name, bits] = _packed(graph, matrix, read, bits, transposed)
@@ -78,18 +76,25 @@ def output_head(graph: ir.Graph, output: str = "logits") -> set[ir.Node]:
         if node is None or node in seen:
             continue
         seen.add(node)
-        if node.op_type == "MatMul" and _constant_matrix(node.inputs[1]):
+        if node.op_type == "MatMul" and _stored_matrix(node) is not None:
             heads.add(node)
         else:
             todo.extend(value.producer() for value in node.inputs if value is not None)
     return heads
 
 
-def _constant_matrix(value: ir.Value) -> bool:
-    transpose = value.producer()
-    if transpose is not None and transpose.op_type == "Transpose":
-        value = transpose.inputs[0]
-    return value.is_initializer()
+def _stored_matrix(node: ir.Node) -> tuple[ir.Value, ir.Node | None] | None:
+    """The initialiser ``[K, N]`` a MatMul multiplies by, with the Transpose it goes through when stored ``[N, K]``
+    (as torch's exporter writes a Linear); None when its second input is not a stored matrix."""
+    source = node.inputs[1]
+    transpose = source.producer()
+    if not (transpose is not None and transpose.op_type == "Transpose"
+            and list(transpose.attributes.get_ints("perm", [1, 0])) == [1, 0]):
+        transpose = None
+    matrix = source if transpose is None else transpose.inputs[0]
+    if matrix.is_initializer() and matrix.shape is not None and len(matrix.shape) == 2:
+        return matrix, transpose
+    return None
 
 
 def _packed(graph: ir.Graph, matrix: ir.Value, read, bits: int, transposed: bool) -> tuple[ir.Value, ir.Value, int, int]:
@@ -107,9 +112,9 @@ def _packed(graph: ir.Graph, matrix: ir.Value, read, bits: int, transposed: bool
             values = read(matrix.name)
             values = np.ascontiguousarray(values.T if transposed else values, dtype=np.float32)  # [K, N]
             values = np.pad(values, ((0, blocks * BLOCK - k), (0, 0)))
-            done["codes"] = np.zeros(shapes["codes"], np.uint8)
-            done["scales"] = np.zeros(shapes["scales"], np.float32)
             if bits == 4:
+                done["codes"] = np.zeros(shapes["codes"], np.uint8)
+                done["scales"] = np.zeros(shapes["scales"], np.float32)
                 quantize_matmul_4bits(done["codes"], values, done["scales"], np.zeros((n, blocks), np.uint8), BLOCK,
                                       n, k, True)
             else:
