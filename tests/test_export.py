@@ -211,12 +211,12 @@ def test_an_exported_folder_follows_the_umask(tiny_folder):
         assert stat.S_IMODE(path.stat().st_mode) == want, f"{path}: {oct(stat.S_IMODE(path.stat().st_mode))}"
 
 
-@pytest.mark.parametrize("weights,bits", [("int8", 8), ("int4", 4)])
-def test_a_quantised_drafter_runs_on_onnxruntime_and_changes_no_exact_token(bundle_factory, tmp_path, weights, bits):
-    """``--drafter-weights int8`` / ``int4``: every constant matrix of the draft_tree graph (the layer and the head)
-    becomes ONNX Runtime's MatMulNBits of that many bits, in the folder's graph and in a tree graph exported later
-    for another shape; greedy ``sd`` still decodes exactly the ``ar`` tokens. TensorRT-RTX (int8: int4 builds, see
-    tests/test_weight_only.py) and half precision refuse it in one line."""
+def test_a_quantised_drafter_runs_on_onnxruntime_and_changes_no_exact_token(bundle_factory, tmp_path):
+    """``--drafter-weights int8``, the target left float32: every constant matrix of the draft_tree graph (the layer
+    and the head) becomes ONNX Runtime's 8-bit MatMulNBits, in the folder's graph and in a tree graph exported later
+    for another shape; greedy ``sd`` still decodes exactly the ``ar`` tokens. TensorRT-RTX (which builds int4, see
+    tests/test_weight_only.py, whose int4 folders also cover the 4-bit drafter) and half precision refuse it in one
+    line."""
 
     from vvs.discrete.exporter import export_folder
     from vvs.engines.tensorrt_build import BuildError, build_folder
@@ -224,6 +224,7 @@ def test_a_quantised_drafter_runs_on_onnxruntime_and_changes_no_exact_token(bund
     from vvs.runtime.options import TreeShape
     from vvs.runtime.pipeline import Pipeline
 
+    weights, bits = "int8", 8
     bundle = bundle_factory()
     manifest = export_folder(bundle, tmp_path / "f", decoding_defaults=SMALL, progress=False, drafter_weights=weights)
     assert manifest["graphs"]["draft_tree"]["weights"] == weights
@@ -246,9 +247,8 @@ def test_a_quantised_drafter_runs_on_onnxruntime_and_changes_no_exact_token(bund
         ar, sd = (pipe.generate([1, 3], mode=mode, temperature=0, cfg_scale=2.0, decode_images=False, **shape)
                   for mode in ("ar", "sd"))
         assert torch.equal(ar.tokens, sd.tokens)
-    if weights == "int8":  # int4 builds (tests/test_weight_only.py)
-        with pytest.raises(BuildError, match="its int8 weights .* export the folder with --drafter-weights fp32"):
-            build_folder(tmp_path / "f", "tensorrt-rtx")
+    with pytest.raises(BuildError, match="its int8 weights .* export the folder with --drafter-weights fp32"):
+        build_folder(tmp_path / "f", "tensorrt-rtx")
     with pytest.raises(VVSError, match=f"--drafter-weights {weights}: needs a drafter and --precision fp32"):
         export_folder(bundle, tmp_path / "g", precision="fp16", progress=False, drafter_weights=weights)
 

@@ -25,8 +25,10 @@ TARGET = ("target_prefill", "target_verify")
 # 1.000, int4 0.875 of 64 positions) and on the shipped model (1,024 codes, 8 sampled images, 2,048 positions: int8
 # 0.972, int4 0.889; docs/performance.md); the floors leave room for other hosts' rounding
 TINY_FLOOR = {"int8": 0.95, "int4": 0.75, "int4-head8": 0.75}
-SHIPPED_FLOOR = {"int8": 0.95, "int4": 0.85}
-SHIPPED = tuple(SHIPPED_FLOOR)  # int4-head8 at the shipped size: bench/weight_quality.py (an export less per run)
+# the shipped size checks the coarsest precision only, the one TensorRT-RTX's shipped-size build needs too; int8 and
+# int4-head8 at that size are bench/weight_quality.py's (each export there is 45 CPU seconds of the suite's budget)
+SHIPPED_FLOOR = {"int4": 0.85}
+SHIPPED = tuple(SHIPPED_FLOOR)
 # a target plan holding its matrices as float32 would be about 6x its int4 graph (4 bytes per weight against half a
 # byte and a float32 scale per 32); measured at Janus-Pro-1B's width: 1.03 (target_prefill) and 1.20 (target_verify)
 PLAN_TO_GRAPH = 2
@@ -170,15 +172,16 @@ def test_exact_modes_draw_from_the_int4_target(int4_pipe, pipeline_factory, mode
     assert gen.aggregate()["tokens_per_target_forward"] > 1.3, "the test should exercise multi-token acceptance"
 
 
-def top1_agreement(fp32_folder, quantised: dict, labels: list, **decoding) -> dict:
+def top1_agreement(reference, quantised: dict, labels: list, **decoding) -> dict:
     """Per quantised folder: the share of a float32 ``ar`` decode's scored positions where its target's top-1 code
-    is the float32 target's (:class:`vvs.quality.TargetCallComparison`, as bench/weight_quality.py measures it)."""
+    is the float32 target's (:class:`vvs.quality.TargetCallComparison`, as bench/weight_quality.py measures it).
+    ``reference``: the float32 folder, or a pipeline of the float32 engines."""
     from vvs.quality import TargetCallComparison
 
-    engines = load_engines(fp32_folder, "onnxruntime", threads=1)
+    pipe = reference if isinstance(reference, Pipeline) else Pipeline(load_engines(reference, "onnxruntime", threads=1))
     others = {w: load_engines(f, "onnxruntime", threads=1) for w, f in quantised.items()}
-    with TargetCallComparison(engines, others, graphs=TARGET) as comparison:
-        Pipeline(engines).generate(labels, mode="ar", decode_images=False, **decoding)
+    with TargetCallComparison(pipe.engines, others, graphs=TARGET) as comparison:
+        pipe.generate(labels, mode="ar", decode_images=False, **decoding)
     return {w: s["top1_agreement"] for w, s in comparison.summary().items()}
 
 
@@ -211,13 +214,14 @@ def test_top1_agreement_with_the_float32_target(folders):
 
 @pytest.fixture(scope="module")
 def shipped_folders(tmp_path_factory):
-    """The shipped model (1,024 codes) exported at each precision, as ``vvs-export --weights W`` does."""
+    """The shipped model (1,024 codes) exported at each precision checked at its size, as ``vvs-export --weights W``
+    does."""
     from vvs.discrete.exporter import export_folder
     from vvs.families.llamagen.bundle import load_bundle
     from vvs.shipped import shipped_info
 
     folders = {}
-    for weights in ("fp32", *SHIPPED):
+    for weights in SHIPPED:
         folders[weights] = exported_once(tmp_path_factory, f"shipped-{weights}", lambda path: export_folder(
             load_bundle(), path, decoding_defaults=shipped_info()["decoding_defaults"], progress=False,
             extra_model_info={"classes": [c["name"] for c in shipped_info()["classes"]]}, weights=weights))
@@ -226,9 +230,15 @@ def shipped_folders(tmp_path_factory):
 
 @pytest.mark.slow
 def test_top1_agreement_on_the_shipped_model(shipped_folders):
-    """8 images with the shipped model's default sampling."""
-    folders = shipped_folders
-    agreement = top1_agreement(folders["fp32"], {w: folders[w] for w in SHIPPED}, list(range(8)))
+    """8 images with the shipped model's default sampling; the reference is the shipped model's float32 torch
+    modules, which its float32 graphs match to 1e-5 (tests/test_export.py): an export less."""
+    from vvs.discrete.engines import torch_engines
+    from vvs.families.llamagen.bundle import load_bundle
+    from vvs.runtime.options import DecodeOptions
+    from vvs.shipped import shipped_info
+
+    reference = Pipeline(torch_engines(load_bundle()), DecodeOptions.from_dict(shipped_info()["decoding_defaults"]))
+    agreement = top1_agreement(reference, shipped_folders, list(range(8)))
     print(f"top-1 agreement with fp32 (shipped model): {agreement}")
     for weights, share in agreement.items():
         assert share >= SHIPPED_FLOOR[weights], (weights, share)
