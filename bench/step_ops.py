@@ -21,7 +21,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
 
@@ -48,11 +47,11 @@ def main() -> None:
     export_graph(TargetVerify(target), spec, path, config.vocab_size, config.max_positions - 1,
                  weights=None if args.weights == "fp32" else args.weights)
     slots = PROMPT_SLOTS + GRID * GRID + PAST_SLACK + 1
-    feeds = {"input_ids": np.zeros((ROWS, 1), np.int64), "position_ids": np.full((ROWS, 1), 300, np.int64),
-             "attn_mask": np.ones((ROWS, 1, 1, slots + 1), bool),
-             "past_kv": np.random.default_rng(0).standard_normal(
-                 (args.layers, 2, ROWS, config.n_head, slots, config.head_dim)).astype(np.float32) * 0.1,
-             "cfg_mix": np.array([[5.0, -4.0]], np.float32)}
+    inputs = {"input_ids": torch.zeros(ROWS, 1, dtype=torch.long), "position_ids": torch.full((ROWS, 1), 300),
+              "attn_mask": torch.ones(ROWS, 1, 1, slots + 1, dtype=torch.bool),
+              "past_kv": torch.randn(args.layers, 2, ROWS, config.n_head, slots, config.head_dim) * 0.1,
+              "cfg_mix": torch.tensor([[5.0, -4.0]])}
+    feeds = {name: value.numpy() for name, value in spec.graph_feeds(inputs).items()}  # the graph's own inputs
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

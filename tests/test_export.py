@@ -16,7 +16,7 @@ from vvs.discrete.graphs import build_graphs, graph_specs
 from vvs.engines import load_engines
 from vvs.engines.manifest import EngineFolderError
 from vvs.export.onnx_export import export_graph
-from vvs.export.spec import sample_inputs
+from vvs.export.spec import GraphSpec, sample_inputs
 from vvs.files import umask
 from vvs.runtime.options import DecodeOptions
 from vvs.runtime.pipeline import Pipeline
@@ -81,7 +81,7 @@ def test_fp16_verify_graph_within_half_precision_error(bundle, tmp_path):
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     inputs = sample_inputs(spec, cfg.vocab_size, cfg.max_positions - 1, SHAPES[2])
-    got = session.run(None, {n: t.numpy() for n, t in zip(spec.input_names, inputs)})
+    got = session.run(None, {n: t.numpy() for n, t in spec.graph_feeds(dict(zip(spec.input_names, inputs))).items()})
     fp32 = [t.float() if t.is_floating_point() else t for t in inputs]
     with torch.no_grad():
         want = torch_graphs(bundle)["target_verify"](*fp32)
@@ -89,18 +89,40 @@ def test_fp16_verify_graph_within_half_precision_error(bundle, tmp_path):
     assert np.abs(got[1].astype(np.float32) - want[1].numpy()).max() < 5e-2
 
 
-def test_graphs_pass_the_onnx_checker_with_caches_as_inputs(folder):
+def test_graphs_pass_the_onnx_checker_with_caches_as_inputs(bundle, folder):
     manifest = json.loads((folder / "manifest.json").read_text())
     for name in GRAPHS:
         model = onnx.load(str(folder / f"{name}.onnx"))
         onnx.checker.check_model(model, full_check=True)
         assert model.opset_import[0].version == 23
         # caches are inputs, never baked-in constants
+        spec = GraphSpec.from_dict(manifest["graphs"][name]["spec"])
         if name in ("target_verify", "draft_tree"):
-            assert "past_kv" in [i.name for i in model.graph.input]
-            kv_dims = [d.dim_param for d in next(i for i in model.graph.input if i.name == "past_kv").type.tensor_type.shape.dim]
-            assert kv_dims[2] == "batch" and kv_dims[4] == "past"
-        assert [i.name for i in model.graph.input] == [t["name"] for t in manifest["graphs"][name]["spec"]["inputs"]]
+            # the target takes each layer's keys and values as inputs of their own (views of the runtime's buffer)
+            kv = [f"past_kv.{i}.{j}" for i in range(bundle.target.config.n_layer) for j in (0, 1)] \
+                if name == "target_verify" else ["past_kv"]
+            inputs = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+                      for i in model.graph.input}
+            for piece in kv:
+                assert inputs[piece][-4] == "batch" and inputs[piece][-2] == "past", (piece, inputs[piece])
+        assert [i.name for i in model.graph.input] == [t.name for t in spec.graph_inputs]
+
+
+def test_the_target_reads_each_layers_cache_where_it_lies(folder):
+    """The verify graph takes the static buffer in pieces (one input per layer's keys or values); what the backends
+    bind is each piece's place in the one buffer, not a copy, and the manifest keeps the spec's pieces."""
+    spec = load_engines(folder, "onnxruntime").graphs["target_verify"].spec
+    (kv,) = [t for t in spec.inputs if t.name == "past_kv"]
+    assert kv.pieces == 2 and GraphSpec.from_dict(spec.to_dict()) == spec
+    layers = kv.shape[0]
+    buffer = torch.randn(layers, 2, 4, *kv.shape[3:4], 9, *kv.shape[5:])
+    feeds = spec.graph_feeds({t.name: buffer if t is kv else torch.zeros(0) for t in spec.inputs})
+    pieces = [name for name in feeds if name.startswith("past_kv")]
+    assert pieces == [f"past_kv.{i}.{j}" for i in range(layers) for j in (0, 1)]
+    for i in range(layers):
+        for j in (0, 1):
+            assert feeds[f"past_kv.{i}.{j}"].data_ptr() == buffer[i, j].data_ptr()
+            assert feeds[f"past_kv.{i}.{j}"].is_contiguous()
 
 
 def test_polygraphy_onnxrt_reproduces_torch_goldens(bundle, folder, tmp_path):
@@ -113,7 +135,7 @@ def test_polygraphy_onnxrt_reproduces_torch_goldens(bundle, folder, tmp_path):
     inputs = sample_inputs(spec, cfg.vocab_size, cfg.max_positions - 1, SHAPES[1])
     with torch.no_grad():
         outputs = torch_graphs(bundle)["target_verify"](*inputs)
-    feed = {n: t.numpy() for n, t in zip(spec.input_names, inputs)}
+    feed = {n: t.numpy() for n, t in spec.graph_feeds(dict(zip(spec.input_names, inputs))).items()}
     save_json([feed], tmp_path / "inputs.json")
     golden = RunResults()
     golden.append(("torch", [IterationResult({n: o.numpy() for n, o in zip(spec.output_names, outputs)},

@@ -310,7 +310,7 @@ def test_the_fp16_verify_graph_is_within_half_precision_error(with_drafter, tmp_
     export_graph(graph, spec, tmp_path / "verify16.onnx", cfg.vocab_size, cfg.max_positions - 1)
     session = ort.InferenceSession(str(tmp_path / "verify16.onnx"), providers=["CPUExecutionProvider"])
     inputs = sample_inputs(spec, cfg.vocab_size, cfg.max_positions - 1, dict(batch=2, images=1, new=3, past=40))
-    got = session.run(None, {n: t.numpy() for n, t in zip(spec.input_names, inputs)})
+    got = session.run(None, {n: t.numpy() for n, t in spec.graph_feeds(dict(zip(spec.input_names, inputs))).items()})
     full = build_graphs(with_drafter.target, with_drafter.drafter, with_drafter.vq, tree)["target_verify"]
     with torch.no_grad():
         want = full(*[t.float() if t.is_floating_point() else t for t in inputs])

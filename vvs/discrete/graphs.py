@@ -256,7 +256,7 @@ def graph_specs(target, drafter, vq, tree, act: str = "float32") -> dict[str, Gr
             TensorSpec("input_ids", "int64", ("batch", "new")),
             TensorSpec("position_ids", "int64", ("batch", "new")),
             TensorSpec("attn_mask", "bool", ("batch", 1, "new", "past_plus_new")),
-            TensorSpec("past_kv", act, (t.n_layer, 2, *kv)),
+            TensorSpec("past_kv", act, (t.n_layer, 2, *kv), pieces=2),
             TensorSpec("cfg_mix", "float32", ("images", "batch")),
         ), (
             TensorSpec("logits", "float32", ("images", "new", t.vocab_size)),

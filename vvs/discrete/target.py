@@ -71,7 +71,8 @@ class DiscreteTarget(Protocol):
     def __call__(self, *, tokens: torch.Tensor | None = None, condition: torch.Tensor | None = None,
                  position_ids: torch.Tensor, mask: torch.Tensor, past_kv: torch.Tensor | None = None) -> GPTOutput:
         """Run new positions: stream ``tokens [B, T]`` or a ``condition``; mask is bool ``[B or 1, 1, T, P + T]``
-        over ``past ‖ new``, past_kv ``[n_layer, 2, B, H, P, hd]`` or None."""
+        over ``past ‖ new``, past_kv ``[n_layer, 2, B, H, P, hd]``
+        (or its pieces, :func:`~vvs.models.layers.layer_caches`) or None."""
 
     def teacher_forced(self, condition: torch.Tensor, tokens: torch.Tensor,
                        mask: torch.Tensor | None = None) -> GPTOutput:

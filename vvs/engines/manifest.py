@@ -219,7 +219,8 @@ ONNX_DTYPES = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FL
 def check_onnx_matches_spec(path: Path, spec: GraphSpec) -> None:
     """The graph's inputs/outputs have the spec's names, dtypes and static dimensions."""
     model = onnx.load(str(path), load_external_data=False)
-    for kind, values, specs in (("input", model.graph.input, spec.inputs), ("output", model.graph.output, spec.outputs)):
+    for kind, values, specs in (("input", model.graph.input, spec.graph_inputs),
+                                ("output", model.graph.output, spec.outputs)):
         got = [v.name for v in values]
         if got != [t.name for t in specs]:
             raise EngineFolderError(f"{path}: {kind}s {got} do not match the manifest's {[t.name for t in specs]}")

@@ -32,11 +32,11 @@ class OrtEngine:
         if io is None:
             io = self.local.io = self.session.io_binding()
         where = (self.device_type, self.device_id)
-        for spec in self.spec.inputs:
-            t = inputs[spec.name]
+        feeds = self.spec.graph_feeds(inputs)
+        for name, t in feeds.items():
             if t.device != self.device or not t.is_contiguous():
-                t = inputs[spec.name] = t.to(self.device).contiguous()  # kept alive until the run returns
-            io.bind_input(spec.name, *where, NUMPY[t.dtype], t.shape, t.data_ptr())
+                t = feeds[name] = t.to(self.device).contiguous()  # kept alive until the run returns
+            io.bind_input(name, *where, NUMPY[t.dtype], t.shape, t.data_ptr())
         outputs = {}
         for spec in self.spec.outputs:
             shape = [d if isinstance(d, int) else dims[d] for d in spec.shape]

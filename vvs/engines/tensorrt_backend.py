@@ -96,8 +96,9 @@ class TrtEngine:
         dims = self.spec.check_inputs(inputs)
         ctx = self.context_for(inputs["input_ids"].shape[1] if "input_ids" in inputs else None)
         keep = []
-        for spec in self.spec.inputs:
-            t = inputs[spec.name].to("cpu" if spec.host else self.device).contiguous()  # shape tensors: host memory
+        feeds = self.spec.graph_feeds(inputs)
+        for spec in self.spec.graph_inputs:
+            t = feeds[spec.name].to("cpu" if spec.host else self.device).contiguous()  # shape tensors: host memory
             keep.append(t)
             ctx.set_input_shape(spec.name, tuple(t.shape))
             ctx.set_tensor_address(spec.name, t.data_ptr())

@@ -105,7 +105,7 @@ def profile_of(spec, ranges: dict[str, tuple]) -> dict[str, tuple[tuple, tuple, 
     """(min, opt, max) per input: shapes from the ranges of its symbolic dimensions; for a host input, the values
     ``ranges[name]`` gives."""
     profile = {}
-    for t in spec.inputs:
+    for t in spec.graph_inputs:
         if t.host:
             profile[t.name] = tuple(tuple(v) for v in ranges[t.name])
             continue

@@ -46,18 +46,17 @@ def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: in
                **dict(module.named_buffers(remove_duplicate=False))}
     if on_meta:
         twin = meta_twin(module, dtype)
-        args = tuple(a.to("meta") for a in sample_inputs(spec, vocab, max_position))  # the twin's device
+        device = "meta"  # the twin's
     else:
         twin = copy.deepcopy(module) if dtype is None else cast_floating(copy.deepcopy(module), dtype)
-        args = sample_inputs(spec, vocab, max_position)
-    dynamic = tuple({axis: Dim.AUTO for axis, d in enumerate(t.shape) if isinstance(d, str)} or None
-                    for t in spec.inputs)
+        device = "cpu"
+    args, dynamic = module_arguments(spec, sample_inputs(spec, vocab, max_position), device)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # e.g. "torchvision is not installed" notices
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(twin, args, dynamo=True, opset_version=OPSET, dynamic_shapes=dynamic,
-                                    input_names=spec.input_names, output_names=spec.output_names, verbose=False,
-                                    optimize=False)
+                                    input_names=[t.name for t in spec.graph_inputs], output_names=spec.output_names,
+                                    verbose=False, optimize=False)
     model = program.model
     stored_bytes = sum(p.numel() * p.element_size() for p in twin.parameters())
     if weights is not None:  # before optimising: the matrices' transposes must not be folded into copies
@@ -77,6 +76,20 @@ def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: in
     onnx.save_model(proto, tmp)
     os.replace(tmp, path)
     return [path, data] if large else [path]
+
+
+def module_arguments(spec: GraphSpec, values: tuple[torch.Tensor, ...], device: str) -> tuple[tuple, tuple]:
+    """The module's arguments for tracing, and their dynamic axes: an input the graph takes in pieces
+    (:attr:`TensorSpec.pieces`) passes as a tuple of its pieces, which the exporter makes the graph's inputs one by
+    one, and which the module reads as it reads the whole tensor."""
+    args, dynamic = [], []
+    for t, value in zip(spec.inputs, values):
+        pieces = tuple(v.to(device) for v in t.graph_values(value))
+        axes = tuple({axis: Dim.AUTO for axis, d in enumerate(p.shape) if isinstance(d, str)} or None
+                     for p in t.graph_tensors())
+        args.append(pieces if t.pieces else pieces[0])
+        dynamic.append(axes if t.pieces else axes[0])
+    return tuple(args), tuple(dynamic)
 
 
 def meta_twin(module: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Module:
@@ -153,7 +166,7 @@ def _evaluate(node: ir.Node, inputs: list) -> ir.Tensor:
 def rename_dims(model: onnx.ModelProto, spec: GraphSpec) -> None:
     """Give the exporter's symbols (``s11``...) the spec's names, everywhere in the graph."""
     names: dict[str, str] = {}
-    for value, tspec in zip(list(model.graph.input) + list(model.graph.output), spec.inputs + spec.outputs):
+    for value, tspec in zip(list(model.graph.input) + list(model.graph.output), spec.graph_inputs + spec.outputs):
         for dim, want in zip(value.type.tensor_type.shape.dim, tspec.shape):
             if isinstance(want, str) and dim.dim_param:
                 names.setdefault(dim.dim_param, want)

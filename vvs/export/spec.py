@@ -12,9 +12,14 @@ KV layout: ``past_kv [layers, 2 (key, value), batch, heads, past, head_dim]`` is
 static buffer; ``new_kv [layers, 2, batch, heads, new, head_dim]`` are the keys/values of the new positions. The
 mask is bool ``[batch, 1, new, past + new]`` over ``past ‖ new`` (True = may attend). The runtime commits the
 rows it keeps into the buffer, so shapes stay fixed per bucket of ``new`` and no graph mutates state.
+
+A target graph takes ``past_kv`` in pieces (:attr:`TensorSpec.pieces`): one input per layer's keys and per layer's
+values (``past_kv.3.1``: layer 3's values), each bound to its place in the one buffer. Runtimes and specs speak of
+the whole tensor; only the graph and the backends' binding see the pieces (:meth:`GraphSpec.graph_feeds`).
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -33,13 +38,29 @@ class TensorSpec:
     # its value sizes a tensor inside the graph: TensorRT reads it on the host (a shape tensor), and its
     # optimisation profiles bound the value rather than the shape
     host: bool = False
+    # the graph takes one input per index of the first ``pieces`` axes, each bound to its place in the tensor: a graph
+    # that split one cache input itself copied all of it on every call (ONNX Runtime's Split copies; at Janus-Pro-1B's
+    # width the split was two thirds of an int4 AR step)
+    pieces: int = 0
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), **({"host": True} if self.host else {})}
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
+                **({"host": True} if self.host else {}), **({"pieces": self.pieces} if self.pieces else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TensorSpec":
-        return cls(d["name"], d["dtype"], tuple(d["shape"]), d.get("host", False))
+        return cls(d["name"], d["dtype"], tuple(d["shape"]), d.get("host", False), d.get("pieces", 0))
+
+    def graph_tensors(self) -> list["TensorSpec"]:
+        """The graph's own inputs for this tensor: itself, or its pieces, named by their index."""
+        if not self.pieces:
+            return [self]
+        return [TensorSpec(".".join(map(str, (self.name, *index))), self.dtype, self.shape[self.pieces:])
+                for index in itertools.product(*map(range, self.shape[:self.pieces]))]
+
+    def graph_values(self, value: torch.Tensor) -> list[torch.Tensor]:
+        """``value`` as the graph's inputs take it: views of its pieces, in :meth:`graph_tensors` order."""
+        return list(value.flatten(0, self.pieces - 1).unbind(0)) if self.pieces else [value]
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -72,6 +93,16 @@ class GraphSpec:
     @property
     def output_names(self) -> list[str]:
         return [t.name for t in self.outputs]
+
+    @property
+    def graph_inputs(self) -> tuple[TensorSpec, ...]:
+        """The ONNX graph's inputs, in order: each input, or its pieces."""
+        return tuple(piece for t in self.inputs for piece in t.graph_tensors())
+
+    def graph_feeds(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``inputs`` (one tensor per spec input) as the graph's inputs, in :attr:`graph_inputs` order."""
+        return {piece.name: value for t in self.inputs
+                for piece, value in zip(t.graph_tensors(), t.graph_values(inputs[t.name]))}
 
     def check_inputs(self, inputs: dict[str, torch.Tensor]) -> dict[str, int]:
         missing = set(self.input_names) - inputs.keys()

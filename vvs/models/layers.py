@@ -6,6 +6,8 @@ Key/value caches are never module state: attention takes the past keys/values of
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -129,14 +131,16 @@ def attend(
     return out.transpose(1, 2).reshape(b, t, h * hd), new_kv
 
 
-def layer_caches(past_kv: torch.Tensor | None, n_layer: int) -> list:
-    """Each layer's past keys and values of ``past_kv [n_layer, 2, B, H, P, hd]`` as one chunk for :func:`attend`
-    (or None per layer). One split of the whole buffer, attended where the pieces lie: indexing it per layer and
-    then per keys / values copied the cache twice in ONNX Runtime, and joining each layer's past to its new keys
-    once more; at Janus-Pro-1B's width those copies took three quarters of an int4 AR step."""
+def layer_caches(past_kv: torch.Tensor | Sequence[torch.Tensor] | None, n_layer: int) -> list:
+    """Each layer's past keys and values as one chunk for :func:`attend` (or None per layer), from ``past_kv
+    [n_layer, 2, B, H, P, hd]`` or its ``2 n_layer`` pieces (layer 0's keys, its values, layer 1's keys, ...; how
+    the target graphs take the cache, :attr:`vvs.export.spec.TensorSpec.pieces`). Attended where they lie: joining
+    each layer's past to its new keys copied the cache once more per step."""
     if past_kv is None:
         return [None] * n_layer
-    pieces = past_kv.flatten(0, 1).unbind(0)
+    pieces = past_kv.flatten(0, 1).unbind(0) if isinstance(past_kv, torch.Tensor) else past_kv
+    if len(pieces) != 2 * n_layer:
+        raise ValueError(f"past_kv: {len(pieces)} pieces for {n_layer} layers' keys and values")
     return [((pieces[2 * i], pieces[2 * i + 1]),) for i in range(n_layer)]
 
 

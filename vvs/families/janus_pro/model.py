@@ -180,7 +180,8 @@ class JanusGen(nn.Module):
         """Run new positions: image ``tokens [B, T]`` (codes) or a ``condition`` (prompt ids ``[B, C]``).
 
         position_ids ``[B, T]`` index the RoPE table (prompt slots ``0..C-1``, image code i at ``C + i``); mask is
-        bool ``[B or 1, 1, T, P + T]`` over ``past ‖ new``; past_kv ``[n_layer, 2, B, H, P, hd]`` or None."""
+        bool ``[B or 1, 1, T, P + T]`` over ``past ‖ new``; past_kv ``[n_layer, 2, B, H, P, hd]``
+        (or its pieces, :func:`~vvs.models.layers.layer_caches`) or None."""
         if (tokens is None) == (condition is None):
             raise ValueError("pass exactly one of tokens= or condition=")
         x = self.image_embeddings(tokens) if tokens is not None else self.language_model.model.embed_tokens(condition)

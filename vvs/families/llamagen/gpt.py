@@ -224,7 +224,8 @@ class GPT(nn.Module):
         """Run new positions: image ``tokens [B, T]`` or a ``condition`` (class ids ``[B]`` / captions ``[B, C, caption_dim]``).
 
         position_ids ``[B, T]`` index the RoPE table (condition slots ``0..C-1``, image token i at ``C + i``);
-        mask is bool ``[B or 1, 1, T, P + T]`` over ``past ‖ new``; past_kv ``[n_layer, 2, B, H, P, hd]`` or None.
+        mask is bool ``[B or 1, 1, T, P + T]`` over ``past ‖ new``; past_kv ``[n_layer, 2, B, H, P, hd]``
+        (or its pieces, :func:`~vvs.models.layers.layer_caches`) or None.
         """
         if (tokens is None) == (condition is None):
             raise ValueError("pass exactly one of tokens= or condition=")

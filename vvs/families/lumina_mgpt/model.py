@@ -196,7 +196,8 @@ class ChameleonGen(nn.Module):
         (prompt ids ``[B, C]`` of the joint vocabulary).
 
         position_ids ``[B, T]`` index the RoPE table (prompt slots ``0..C-1``, stream token i at ``C + i``); mask is
-        bool ``[B or 1, 1, T, P + T]`` over ``past ‖ new``; past_kv ``[n_layer, 2, B, H, P, hd]`` or None."""
+        bool ``[B or 1, 1, T, P + T]`` over ``past ‖ new``; past_kv ``[n_layer, 2, B, H, P, hd]``
+        (or its pieces, :func:`~vvs.models.layers.layer_caches`) or None."""
         if (tokens is None) == (condition is None):
             raise ValueError("pass exactly one of tokens= or condition=")
         ids = self.stream_ids[tokens] if tokens is not None else condition
