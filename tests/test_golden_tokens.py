@@ -175,8 +175,10 @@ def test_old_folders_decode_as_they_did(tiny_folder):
     assert (new["model"]["drafter"].pop("qk_norm_groups"), new["model"]["drafter"].pop("first_input_norm")) == (0, False)
     tree_inputs = new["graphs"]["draft_tree"]["spec"]["inputs"]
     assert tree_inputs.pop() == {"name": "survivors_k", "dtype": "int64", "shape": [1], "host": True}
-    # recorded since: every graph's weight precision
+    # recorded since: every graph's weight precision; that the target takes its cache in pieces (the same tensor)
     weights = {name: graph.pop("weights") for name, graph in new["graphs"].items()}
+    (kv,) = [t for t in new["graphs"]["target_verify"]["spec"]["inputs"] if t["name"] == "past_kv"]
+    assert kv.pop("pieces") == 2
     assert weights == dict.fromkeys(new["graphs"], "fp32")
     assert {k: v for k, v in old.items() if k not in left_out} == {k: v for k, v in new.items() if k not in left_out}
     # every old default as it was; the window modes' options added since then take their defaults

@@ -64,9 +64,9 @@ def test_every_graph_builds_and_is_recorded(built):
         assert manifest["files"][entry["file"]]["sha256"] == hashlib.sha256(plan.read_bytes()).hexdigest()
         spec = graph_spec(manifest, name)
         io = network_io(built / manifest["graphs"][name]["file"])
-        declared = {t.name: (TRT_TYPES[t.dtype], len(t.shape)) for t in (*spec.inputs, *spec.outputs)}
+        declared = {t.name: (TRT_TYPES[t.dtype], len(t.shape)) for t in (*spec.graph_inputs, *spec.outputs)}
         assert io == declared, f"{name}: the network's I/O differs from the spec"
-        assert [len(p) for p in entry["profiles"]] == [len(spec.inputs)] * len(entry["profiles"])
+        assert [len(p) for p in entry["profiles"]] == [len(spec.graph_inputs)] * len(entry["profiles"])
 
 
 @pytest.mark.parametrize("fixture, family", [("janus_int8_folder", "janus-pro"), ("lumina_folder", "lumina-mgpt"),
@@ -84,7 +84,7 @@ def test_a_prompt_family_folder_builds(request, fixture, family, tmp_path):
     assert manifest["model"]["family"] == family and set(manifest["tensorrt-rtx"]["engines"]) == set(GRAPHS)
     for name in GRAPHS:
         spec = graph_spec(manifest, name)
-        declared = {t.name: (TRT_TYPES[t.dtype], len(t.shape)) for t in (*spec.inputs, *spec.outputs)}
+        declared = {t.name: (TRT_TYPES[t.dtype], len(t.shape)) for t in (*spec.graph_inputs, *spec.outputs)}
         assert network_io(folder / manifest["graphs"][name]["file"]) == declared, name
 
 

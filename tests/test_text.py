@@ -177,7 +177,7 @@ def test_text_encode_builds_in_tensorrt_rtx(text_folder):
     tensors = [network.get_input(i) for i in range(network.num_inputs)]
     tensors += [network.get_output(i) for i in range(network.num_outputs)]
     spec = graph_spec(manifest, "text_encode")
-    assert {t.name: len(t.shape) for t in tensors} == {t.name: len(t.shape) for t in (*spec.inputs, *spec.outputs)}
+    assert {t.name: len(t.shape) for t in tensors} == {t.name: len(t.shape) for t in (*spec.graph_inputs, *spec.outputs)}
 
 
 def test_vvs_bench_with_prompts(text_folder, tmp_path, capsys, monkeypatch):
