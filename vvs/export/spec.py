@@ -40,7 +40,7 @@ class TensorSpec:
     host: bool = False
     # the graph takes one input per index of the first ``pieces`` axes, each bound to its place in the tensor: a graph
     # that split one cache input itself copied all of it on every call (ONNX Runtime's Split copies; at Janus-Pro-1B's
-    # width the split was two thirds of an int4 AR step)
+    # width that copy was 45-69 % of an int4 AR step's profile)
     pieces: int = 0
 
     def to_dict(self) -> dict:
