@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -94,15 +95,21 @@ class GraphSpec:
     def output_names(self) -> list[str]:
         return [t.name for t in self.outputs]
 
-    @property
+    @cached_property  # read on every call of a graph: its pieces' names are built once
+    def _graph_names(self) -> tuple[tuple[TensorSpec, tuple[str, ...]], ...]:
+        return tuple((t, tuple(piece.name for piece in t.graph_tensors())) for t in self.inputs)
+
+    @cached_property
     def graph_inputs(self) -> tuple[TensorSpec, ...]:
         """The ONNX graph's inputs, in order: each input, or its pieces."""
         return tuple(piece for t in self.inputs for piece in t.graph_tensors())
 
     def graph_feeds(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``inputs`` (one tensor per spec input) as the graph's inputs, in :attr:`graph_inputs` order."""
-        return {piece.name: value for t in self.inputs
-                for piece, value in zip(t.graph_tensors(), t.graph_values(inputs[t.name]))}
+        feeds = {}
+        for t, names in self._graph_names:
+            feeds.update(zip(names, t.graph_values(inputs[t.name])))
+        return feeds
 
     def check_inputs(self, inputs: dict[str, torch.Tensor]) -> dict[str, int]:
         missing = set(self.input_names) - inputs.keys()
