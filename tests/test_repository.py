@@ -2,6 +2,7 @@
 ``vvs-export`` needs with no download); anything else that large is a stray output (a profiler trace, a bench run)."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -31,3 +32,43 @@ def test_profiler_traces_are_ignored():
     probe = "onnxruntime_profile__2026-01-01_00-00-00_000.json"
     result = subprocess.run(["git", "check-ignore", "-q", "--no-index", probe], cwd=ROOT)
     assert result.returncode == 0, f"{probe} is not ignored by .gitignore"
+
+
+# A machine's own absolute paths: a checkout (``/work/...``), a home directory (``/home/<user>/``, ``/Users/<user>/``,
+# ``/root/``) or pytest's per-user temporary base (``/tmp/pytest-of-<user>``). The lookbehind keeps a URL's path
+# (``github.com/x/work/``) and a relative one (``runs/work/``) out; ``/tmp/<name>`` in a documented command is fine.
+MACHINE_PATH = re.compile(r"(?<![\w.~/-])(?:/work/|/home/[a-z_][\w.-]*/|/Users/[A-Za-z][\w.-]*/|/root/)"
+                          r"|/tmp/pytest-of-")
+
+
+def text_of(name: str) -> str | None:
+    path = ROOT / name
+    if not path.is_file() or path.stat().st_size > LIMIT:
+        return None
+    data = path.read_bytes()
+    if b"\0" in data[:8192]:
+        return None  # binary
+    return data.decode("utf-8", errors="replace")
+
+
+def test_no_tracked_file_names_a_machines_absolute_path():
+    this = Path(__file__).resolve().relative_to(ROOT).as_posix()
+    found = []
+    for name in tracked_files():
+        text = None if name == this else text_of(name)
+        if text is None:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            match = MACHINE_PATH.search(line)
+            if match:
+                found.append(f"{name}:{number}: ...{line[max(0, match.start() - 30):match.end() + 30]}...")
+    assert not found, "tracked files name a machine's absolute path:\n" + "\n".join(found[:20])
+
+
+def test_the_pattern_for_machine_paths():
+    for bad in ["engine /work/main/engines", "at /home/alice/vvs", "/root/.cache/x", "/tmp/pytest-of-bob/pytest-3/",
+                "(/Users/ann/ckpt)"]:
+        assert MACHINE_PATH.search(bad), bad
+    for good in ["--work runs/peers", "https://github.com/a/work/b", "/tmp/site", "/usr/bin/time -v", "~/work/x",
+                 "$HF_HOME/hub", "docs/home/page"]:
+        assert not MACHINE_PATH.search(good), good
