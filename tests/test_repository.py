@@ -72,3 +72,44 @@ def test_the_pattern_for_machine_paths():
     for good in ["--work runs/peers", "https://github.com/a/work/b", "/tmp/site", "/usr/bin/time -v", "~/work/x",
                  "$HF_HOME/hub", "docs/home/page"]:
         assert not MACHINE_PATH.search(good), good
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation dropped, spaces to hyphens, a
+    repeated heading numbered from -1."""
+    seen: dict[str, int] = {}
+    anchors = set()
+    fenced = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        match = None if fenced else re.match(r"(#{1,6})\s+(.*?)\s*#*\s*$", line)
+        if match:
+            slug = re.sub(r"[^\w\- ]", "", match.group(2).strip().lower()).replace(" ", "-")
+            count = seen.get(slug, 0)
+            seen[slug] = count + 1
+            anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def test_relative_links_in_tracked_markdown_resolve():
+    # a section moved between docs/performance.md and its history page must take the links to it along
+    broken = []
+    anchors: dict[Path, set[str]] = {}
+    for name in tracked_files():
+        if not name.endswith(".md") or not (ROOT / name).is_file():
+            continue
+        text = re.sub(r"```.*?```", "", (ROOT / name).read_text(encoding="utf-8"), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):
+                continue  # a URL
+            path, _, anchor = target.partition("#")
+            file = ((ROOT / name).parent / path).resolve() if path else (ROOT / name).resolve()
+            if not file.exists():
+                broken.append(f"{name}: {target} (no such file)")
+            elif anchor and file.suffix == ".md":
+                if file not in anchors:
+                    anchors[file] = heading_anchors(file)
+                if anchor not in anchors[file]:
+                    broken.append(f"{name}: {target} (no such heading)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
