@@ -76,15 +76,25 @@ RUN_CASES = [
     (["--mode", "sd", "--tree-size", "5000"], "option --tree-size 5000: must be in [2, 512]"),
     (["--mode", "sjd", "--window", "100000"], "option --window 100000: must be at most the image's 16 tokens"),
     # an option none of the run's modes reads is refused, not ignored
-    (["--window", "8"], "option --window: applies to modes sjd, sjd-pac or gsd only, not vvs"),
+    (["--window", "8"], "option --window: applies to modes sjd, sjd-pac or gsd only, not vvs-uniform"),
+    (["--mode", "vvs-dynamic", "--skip-interval", "3"],
+     "option --skip-interval: applies to mode vvs-uniform only, not vvs-dynamic"),
+    (["--mode", "vvs-uniform,sd", "--sim-threshold", "0.5"],
+     "option --sim-threshold: applies to mode vvs-dynamic only, not vvs-uniform, sd"),
     (["--mode", "sjd", "--pac-tree-width", "2"], "option --pac-tree-width: applies to mode sjd-pac only, not sjd"),
     (["--mode", "ar,sjd", "--gsd-group-size", "4"], "option --gsd-group-size: applies to mode gsd only, not ar, sjd"),
     # the lossy walk has one name, the mode's; there is no flag that makes sjd-pac lossy
     (["--mode", "sjd", "--pac-rule", "official"], "No such option '--pac-rule'"),
     # a too-large tree is reported against the tree option that was given, not the window nobody gave
+    # ... and its advice names only a window the image allows, and no count of hundreds of digits
     (["--mode", "sjd-pac", "--pac-tree-depth", "5"],
      "option --pac-tree-depth 5: the 121 nodes of SJD-PAC's tree (pac_tree_width=3, pac_tree_depth=5) must be "
-     "fewer than sjd-pac's published window of 64 tokens"),
+     "fewer than sjd-pac's window of 16 tokens; shrink the tree (a window holds at most the image's 16 tokens)"),
+    (["--mode", "sjd-pac", "--pac-tree-depth", "300"],
+     "option --pac-tree-depth 300: SJD-PAC's tree (pac_tree_width=3, pac_tree_depth=300) has more than 512 nodes "
+     "(the published tree has 13); shrink it"),
+    (["--mode", "sjd-pac", "--pac-tree-width", "64"], "option --pac-tree-width 64: SJD-PAC's tree (pac_tree_width=64, "
+                                                      "pac_tree_depth=3) has more than 512 nodes"),
     (["--num-images", "1000000000"], "--num-images"),
     (["--class", "²"], "option --class '²': not a class id or name"),
     (["--class", "1,x"], "option --class 'x': not a class id or name"),
@@ -240,6 +250,27 @@ def test_vvs_bench_bad_arguments(folder, tmp_path, capsys, monkeypatch, args, me
     assert message in one_line_error(code, err, "vvs-bench")
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--mode", "vvs", "--window", "32"], "option --window: applies to modes sjd, sjd-pac or gsd only, not "
+                                          "vvs-uniform"),
+    (["--mode", "vvs-dynamic", "--skip-interval", "3"], "option --skip-interval: applies to mode vvs-uniform only"),
+    (["--tree-size", "5000"], "option --tree-size 5000: must be in [2, 512]"),
+    (["--backend", "tensorrt"], "TensorRT plans run on an NVIDIA GPU and none is available here"),
+    (["--mode", "ar,vvs", "--sweep", "skip_interval=3,0"], "option --sweep skip_interval=0: must be >= 1"),
+])
+def test_vvs_bench_scale_refuses_bad_options_before_inflating(folder, tmp_path, capsys, monkeypatch, args, message):
+    """Inflating to an official size takes minutes (a 7B model: 5 GB by 40 s): nothing of it starts before every
+    option the plain path refuses is refused."""
+    import vvs.discrete.scale
+
+    if "tensorrt" in args and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.setattr(vvs.discrete.scale, "scale_folder", lambda *a, **k: pytest.fail("inflated first"))
+    code, _, err = run_cli(bench_main, ["--engine", folder, "--out", tmp_path / "b", "--num-images", "2",
+                                        "--scale", "GPT-B", *args], capsys, monkeypatch)
+    assert message in one_line_error(code, err, "vvs-bench")
+
+
 def test_vvs_bench_needs_two_images_for_fid(folder, tmp_path, capsys, monkeypatch):
     import vvs.bench
 
@@ -351,6 +382,8 @@ def test_export_onto_a_full_disk_changes_nothing(bundle_factory, tiny_folder, tm
     ([1], {"cfg_scale": 1e38}, "option cfg_scale=1e+38: must be in [0, 1000]"),
     ([1], {"timeout": "x"}, "timeout 'x': give the seconds a request may take"),
     ([1], {"timeout": -5}, "timeout -5: give the seconds a request may take"),
+    ([1], {"mode": "vvs", "window": 32}, "option window applies to modes sjd, sjd-pac or gsd only, not vvs-uniform"),
+    ([1], {"mode": "vvs-dynamic", "skip_interval": 2}, "option skip_interval applies to mode vvs-uniform only"),
 ])
 def test_api_errors_are_options_errors(pipeline_factory, conditions, options, message):
     pipe = pipeline_factory()

@@ -100,6 +100,9 @@ BAD = [
      "option tree_size=5000: must be in [2, 512]"),
     (json.dumps({"conditions": [1], "mode": "sd", "options": {"depth": 10**6}}).encode(), "application/json", 400,
      "option depth=1000000: must be in [0, 16]"),
+    # an option the mode does not read is refused, as on the command line
+    (json.dumps({"conditions": [1], "mode": "vvs", "options": {"window": 32}}).encode(), "application/json", 400,
+     "option window applies to modes sjd, sjd-pac or gsd only, not vvs-uniform"),
     (json.dumps({"conditions": [1] * (MAX_IMAGES + 1)}).encode(), "application/json", 413, "at most 64"),
     (b'{"conditions": [1', "application/json", 400, "malformed JSON"),
     (b"[1, 2]", "application/json", 400, "JSON object"),
@@ -355,7 +358,10 @@ OPENAI_BAD = [
     (dict(prompt="tench", response_format="url"), 400, "response_format", "returns the images in the answer only"),
     (dict(prompt="tench", model="dall-e-3"), 404, "model", "this service serves 'llamagen-c2i' only"),
     (dict(prompt="tench", n=MAX_IMAGES + 1), 413, "n", f"{MAX_IMAGES + 1} images requested; this server takes at most"),
-    (dict(prompt="a cat"), 400, None, "'a cat' is not a class of this class-conditional model"),
+    (dict(prompt="a cat"), 400, "prompt", "'a cat' is not a class of this class-conditional model"),
+    (dict(prompt="tench", extra_body={"seed": -1}), 400, "seed", "seed -1: seeds must be integers"),
+    (dict(prompt="tench", extra_body={"timeout": 0}), 400, "timeout", "timeout 0: give the seconds"),
+    (dict(prompt="tench", extra_body={"mode": "ar", "window": 32}), 400, "window", "option window applies to modes"),
     (dict(prompt="tench", extra_body={"mode": "fast"}), 400, "mode", "unknown mode"),
     (dict(prompt="tench", extra_body={"quality": "hd"}), 400, "quality", "unknown field(s) quality"),
 ]

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import click
 
-from vvs.cli.common import (FamilyCommand, class_option, decoding_headings, engine_options, family_overrides,
-                            mode_option, num_images_option, prompt_options, resolve_conditions,
+from vvs.cli.common import (FamilyCommand, check_before_loading, class_option, decoding_headings, engine_options,
+                            family_overrides, mode_option, num_images_option, prompt_options, resolve_conditions,
                             resolve_modes, run_command, split_values, with_decoding_options)
 from vvs.errors import VVSError
 from vvs.families.registry import FAMILIES, pipeline_of
-from vvs.runtime.options import OptionsError, check_flags_apply
+from vvs.runtime.options import OptionsError, check_request
 
 
 @click.command(cls=FamilyCommand, family_options=decoding_headings(),
@@ -20,8 +20,9 @@ from vvs.runtime.options import OptionsError, check_flags_apply
                     "for the shipped model class accuracy, domain FID and NLL with AR's seed-to-seed spread. "
                     "The default run decodes 384 images (8 modes x 16 images x 3 seed sets): about 15 minutes on 2 "
                     "CPU cores with the shipped model; --num-images 4 --num-seeds 1 for a quick look. "
-                    "Writes results.json, table.md, pareto.png and sample grids. --tune picks the tree and skip "
-                    "interval fastest on this machine and stores them as the engine folder's defaults.")
+                    "Writes results.json, table.md, pareto.png and sample grids. --tune picks the tree, skip "
+                    "interval and drafter-free windows fastest on this machine, races the modes, and stores them "
+                    "and the fastest exact mode as the engine folder's defaults.")
 @engine_options
 @mode_option("each family's own list: " + "; ".join(f"{f.label} {','.join(f.bench_modes)}"
                                                    for f in FAMILIES.values()))
@@ -40,7 +41,8 @@ from vvs.runtime.options import OptionsError, check_flags_apply
                                              "repeatable, one key at a time.")
 @with_decoding_options
 @click.option("--threads", type=click.IntRange(1, 1024), default=None, help="CPU threads for the backend.")
-@click.option("--tune", is_flag=True, help="Tune tree and skip interval for this machine and save them as defaults.")
+@click.option("--tune", is_flag=True, help="Tune tree, skip interval and windows for this machine and save "
+                                               "them, with the fastest exact mode, as defaults.")
 @click.option("--scale", default=None, metavar="SIZE[:LAYERS]",
               help="Measure at an official size's compute cost (" + "; ".join(
                   f"{f.label}: {', '.join(f.scale_sizes)}" for f in FAMILIES.values() if f.scale_sizes) + "): the "
@@ -52,8 +54,8 @@ from vvs.runtime.options import OptionsError, check_flags_apply
               help="Folder for results.json, table.md, pareto.png and sample grids.")
 def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, num_images, seed, num_seeds,
               batch_size, sweep, threads, tune, scale, out, **decoding):
-    from vvs.bench import (OPTION_OF, load_instruments, machine, make_settings, markdown_table, parse_sweep,
-                           run_benchmark, write_results)
+    from vvs.bench import (load_instruments, machine, make_settings, markdown_table, parse_sweep, run_benchmark,
+                           write_results)
     from vvs.engines import load_engines
     from vvs.engines.manifest import MANIFEST, read_manifest
     from vvs.families.registry import family_of
@@ -62,12 +64,7 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
 
     manifest = read_manifest(Path(engine_dir))
     family = family_of(manifest)
-    if scale is not None and (tune or family.scale is None or scale.partition(":")[0] not in family.scale_sizes):
-        raise VVSError(f"option --scale {scale!r}: " + (
-            "tune on the folder itself (--tune), then measure the tuned defaults with --scale" if tune else
-            family.instead.get("scale", f"{family.label} folders have no scale runs") if family.scale is None else f"choose one of {', '.join(family.scale_sizes)}, optionally with :LAYERS"))
-    if tune and family.tune is None:
-        raise VVSError(f"option --tune: {family.instead.get('tune', f'{family.label} folders have no tuner')}")
+    check_scale_and_tune(family, scale, tune)
     ensure_writable_dir(Path(out))
     if tune and not os.access(Path(engine_dir) / MANIFEST, os.W_OK):
         raise VVSError(f"option --tune: {Path(engine_dir) / MANIFEST} is not writable, so the tuned defaults could "
@@ -75,31 +72,24 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
     labels = resolve_conditions(engine_dir, manifest, classes, prompts, prompts_file, num_images,
                                 max(16, len(split_values(classes))))
     num_images = len(labels)
-    instruments = load_instruments(Path(engine_dir), manifest)  # an inflated pair's quality is its source's
-    if scale is not None:
-        ensure_writable_dir(Path(engine_dir).parent)
-        tree = {k: v for k, v in family_overrides(decoding, family).items()
-                if k in ("tree_size", "depth", "draft_top_k")}
-        engine_dir = family.call("scale", Path(engine_dir), scale, tree=tree)
-        click.echo(family.call("describe_scale", read_manifest(engine_dir)))
-    if instruments is not None and num_images < 2:
-        raise VVSError("option --num-images: the quality statistics (FID) need at least 2 images per seed set")
     swept = parse_sweep(sweep)
     modes = resolve_modes(modes, list(family.bench_modes), family.mode_names)
     settings = make_settings(modes, swept, family.mode_names)
     overrides = family_overrides(decoding, family)
-    check_flags_apply(overrides, modes, family.mode_names)
+    base = check_before_loading(manifest, modes, overrides, backend, device).updated(**overrides)
+    check_settings(lambda given: check_request(base, [], given), settings, swept)
+    instruments = load_instruments(Path(engine_dir), manifest)  # an inflated pair's quality is its source's
+    if instruments is not None and num_images < 2:
+        raise VVSError("option --num-images: the quality statistics (FID) need at least 2 images per seed set")
+    if scale is not None:
+        ensure_writable_dir(Path(engine_dir).parent)
+        tree = {k: v for k, v in overrides.items() if k in ("tree_size", "depth", "draft_top_k")}
+        engine_dir = family.call("scale", Path(engine_dir), scale, tree=tree)
+        click.echo(family.call("describe_scale", read_manifest(engine_dir)))
     engines = load_engines(engine_dir, backend, device, threads)
     pipe = pipeline_of(engines, manifest, max_batch=batch_size)
-    pipe.options = pipe.options_for(**overrides)
-    for s in settings:  # every setting before any long work (tuning, the runs), named as the user gave it
-        try:
-            pipe.options_for(**s.overrides)
-        except OptionsError as err:
-            key = next((k for k in swept if OPTION_OF.get(k, k) == err.option), None)
-            if key is None:
-                raise
-            raise VVSError(f"option --sweep {key}={err.value}: {err.why}") from None
+    pipe.options = pipe.options.updated(**overrides)
+    check_settings(lambda given: pipe.options_for(**given), settings, swept)  # against the model's bounds too
     labels = labels[:num_images]
     if tune:
         best, record = family.call("tune", pipe, labels, num_seeds, instruments, log=click.echo)
@@ -117,6 +107,31 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
     write_results(results, Path(out), samples)
     click.echo(markdown_table(results))
     click.echo(f"wrote {out}/results.json, table.md, pareto.png and sample grids")
+
+
+def check_scale_and_tune(family, scale: str | None, tune: bool) -> None:
+    if scale is not None and (tune or family.scale is None or scale.partition(":")[0] not in family.scale_sizes):
+        raise VVSError(f"option --scale {scale!r}: " + (
+            "tune on the folder itself (--tune), then measure the tuned defaults with --scale" if tune else
+            family.instead.get("scale", f"{family.label} folders have no scale runs") if family.scale is None else
+            f"choose one of {', '.join(family.scale_sizes)}, optionally with :LAYERS"))
+    if tune and family.tune is None:
+        raise VVSError(f"option --tune: {family.instead.get('tune', f'{family.label} folders have no tuner')}")
+
+
+def check_settings(check, settings, swept: dict) -> None:
+    """Every setting through ``check`` (its overrides -> options) before any long work (inflation, tuning, the
+    runs), an error in a swept value named as the user gave it."""
+    from vvs.bench import OPTION_OF
+
+    for s in settings:
+        try:
+            check(s.overrides)
+        except OptionsError as err:
+            key = next((k for k in swept if OPTION_OF.get(k, k) == err.option), None)
+            if key is None:
+                raise
+            raise VVSError(f"option --sweep {key}={err.value}: {err.why}") from None
 
 
 def main():

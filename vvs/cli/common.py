@@ -141,6 +141,20 @@ def family_overrides(decoding: dict, family: Family) -> dict:
     return given
 
 
+def check_before_loading(manifest: dict, modes: list[str], overrides: dict, backend: str, device: str | None):
+    """What vvs-run and vvs-bench check before anything is loaded (or, with --scale, inflated): every mode's options
+    through the check every request takes (:func:`~vvs.runtime.options.check_request`), and that this machine runs
+    the folder on ``backend``. Returns the folder's defaults."""
+    from vvs.engines import check_backend  # here: it imports torch, which --help and usage errors never need
+    from vvs.families.registry import family_of
+    from vvs.runtime.options import check_request
+
+    defaults = family_of(manifest).options.from_dict(manifest["decoding_defaults"])
+    check_request(defaults, modes, overrides)
+    check_backend(manifest, backend, device)
+    return defaults
+
+
 def flag_message(err: OptionsError) -> str:
     """An option error in the words the user typed: the flag, not the internal field."""
     flag = next((f for f, entry in decoding_flags().items() if entry["field"] == err.option), None)

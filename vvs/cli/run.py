@@ -5,18 +5,18 @@ from pathlib import Path
 
 import click
 
-from vvs.cli.common import (FamilyCommand, class_option, decoding_headings, engine_options, family_overrides,
-                            mode_option, num_images_option, prompt_options, resolve_conditions,
+from vvs.cli.common import (FamilyCommand, check_before_loading, class_option, decoding_headings, engine_options,
+                            family_overrides, mode_option, num_images_option, prompt_options, resolve_conditions,
                             resolve_modes, resolve_seeds, run_command, split_values, with_decoding_options)
 from vvs.families.registry import pipeline_of
-from vvs.runtime.options import check_flags_apply
 
 
 @click.command(cls=FamilyCommand, family_options=decoding_headings(),
                help="Generate images from an engine folder and report decoding statistics (--mode lists each "
                     "family's modes). Defaults come from the folder's manifest.")
 @engine_options
-@mode_option("the folder's default mode")
+@mode_option("the folder's default mode (after vvs-bench --tune: its fastest exact mode on the host it was "
+             "tuned on)")
 @class_option
 @prompt_options
 @num_images_option
@@ -40,21 +40,26 @@ def run_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, 
     from vvs.families.registry import family_of
     from vvs.output import RunWriter
     from vvs.runtime.pipeline import as_conditions
+    from vvs.tune import tuned_mode_note
 
     manifest = read_manifest(Path(engine_dir))
     family = family_of(manifest)
     modes = resolve_modes(modes, [], family.mode_names)
     overrides = family_overrides(decoding, family)
+    check_before_loading(manifest, modes, overrides, backend, device)
     names = manifest["model"].get("classes")
     labels = resolve_conditions(engine_dir, manifest, classes, prompts, prompts_file, num_images,
                                 len(split_values(classes)) or 4)
     seeds = resolve_seeds(seed, len(labels))
     engines = load_engines(engine_dir, backend, device, threads)
     pipe = pipeline_of(engines, manifest, max_batch=batch_size)
+    pipe.options = pipe.options.updated(**overrides)  # for every mode: each reads its own (checked above)
+    note = None if modes else tuned_mode_note(manifest)  # the default mode vvs-bench --tune measured fastest
+    if note:
+        click.echo(note, err=True)
     modes = modes or [pipe.options.name]
-    check_flags_apply(overrides, modes, family.mode_names)
-    for mode in modes:  # every mode's options are checked before the first image
-        pipe.options_for(mode, **overrides)
+    for mode in modes:  # against the model too, before the first image
+        pipe.options_for(mode)
     writer = RunWriter(Path(out), stats_json, save_tokens, overwrite)  # checks every output path before any work
     try:
         with tqdm(total=len(modes) * len(labels), desc="generate", unit="img", dynamic_ncols=True) as bar:
@@ -63,7 +68,7 @@ def run_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, 
                     chunk = labels[start : start + batch_size]
                     bar.set_postfix_str(mode)
                     result = pipe.generate(as_conditions(chunk), seed=seeds[start : start + batch_size],
-                                           mode=mode, **overrides)
+                                           mode=mode)
                     writer.add(mode, start, chunk, result, names)
                     bar.update(len(chunk))
                 writer.grid(mode)

@@ -30,9 +30,6 @@ def load_engines(folder: Path, manifest: dict, backend: str, device: str | None,
 
         backend = ready_flavour(manifest) or "onnxruntime"
     if backend in ("tensorrt", "tensorrt-rtx"):
-        if device is None and not torch.cuda.is_available():
-            raise VVSError(f"--backend {backend}: TensorRT plans run on an NVIDIA GPU and none is available here; "
-                           "use --backend onnxruntime")
         return load_tensorrt(folder, device or "cuda", cuda_graphs=cuda_graphs, backend=backend)
     if backend == "torch":
         return load_torch_folder(folder, device or ("cuda" if torch.cuda.is_available() else "cpu"),

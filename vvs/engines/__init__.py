@@ -17,16 +17,27 @@ def load_engines(folder: str | Path, backend: str = "auto", device: str | None =
     from vvs.engines.manifest import read_manifest
     from vvs.families.registry import family_of
 
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    check_backend(manifest, backend, device)
+    return family_of(manifest).call("load_engines", folder, manifest, backend, device, threads, cuda_graphs)
+
+
+def check_backend(manifest: dict, backend: str, device: str | None) -> None:
+    """Whether this machine can run the folder on ``backend`` and ``device``, known before anything is loaded (a
+    scale run would otherwise inflate a 7B model first)."""
+    from vvs.families.registry import family_of
+
     if backend not in BACKENDS:
         raise VVSError(f"option backend={backend!r}: choose one of {', '.join(BACKENDS)}")
     check_device(device)
-    folder = Path(folder)
-    manifest = read_manifest(folder)
     family = family_of(manifest)
     if backend != "auto" and backend not in family.run_backends:
         raise VVSError(f"--backend {backend}: {family.label} folders run on {', '.join(family.run_backends)}"
                        + (f" ({family.instead[f'run {backend}']})" if f"run {backend}" in family.instead else ""))
-    return family.call("load_engines", folder, manifest, backend, device, threads, cuda_graphs)
+    if backend.startswith("tensorrt") and not torch.cuda.is_available():
+        raise VVSError(f"--backend {backend}: TensorRT plans run on an NVIDIA GPU and none is available here; "
+                       "use --backend onnxruntime")
 
 
 def check_device(device: str | None) -> None:
@@ -42,4 +53,4 @@ def check_device(device: str | None) -> None:
         raise VVSError(f"option --device {device}: no CUDA device is available here; use --device cpu")
 
 
-__all__ = ["BACKENDS", "load_engines"]
+__all__ = ["BACKENDS", "check_backend", "load_engines"]

@@ -8,6 +8,7 @@ validates them the same way as user input.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from typing import ClassVar, NamedTuple
 
@@ -43,12 +44,14 @@ MODE_NAMES = {
 }
 
 
-# the modes that read each mode-specific option: a flag given for none of a run's modes is refused, not ignored
+# the mode names that read each mode-specific option: a flag given for none of a request's modes is refused, not
+# ignored (a skip schedule's knob is read by VVS on that schedule only)
 FIELD_MODES = {
     **dict.fromkeys(("tree_size", "depth", "draft_top_k"), ("sd", "lantern", "vvs")),
     **dict.fromkeys(("lantern_k", "lantern_delta"), ("lantern", "vvs")),
-    **dict.fromkeys(("vvs_relaxed", "skip_policy", "skip_interval", "sim_threshold", "sim_decay",
-                     "skip_warmup_tokens"), ("vvs",)),
+    **dict.fromkeys(("vvs_relaxed", "skip_policy", "skip_warmup_tokens"), ("vvs",)),
+    "skip_interval": ("vvs-uniform",),
+    **dict.fromkeys(("sim_threshold", "sim_decay"), ("vvs-dynamic",)),
     "window": tuple(WINDOW_MODES),
     **dict.fromkeys(("pac_tree_width", "pac_tree_depth"), ("sjd-pac",)),
     **dict.fromkeys(("gsd_group_size", "gsd_prob_gap", "gsd_distance"), ("gsd",)),
@@ -66,6 +69,17 @@ class OptionsError(VVSError):
     @classmethod
     def bad(cls, option: str, value, why: str) -> "OptionsError":
         return cls(f"option {option}={json_value(value)}: {why}", option, value, why)
+
+
+@contextmanager
+def about(field: str):
+    """An :class:`OptionsError` raised inside that names no option is about the request's ``field`` (what an HTTP
+    refusal names as its ``param``)."""
+    try:
+        yield
+    except OptionsError as err:
+        err.option = err.option or field
+        raise
 
 
 class TreeShape(NamedTuple):
@@ -104,8 +118,10 @@ def check_types(options) -> None:
 
 class OptionsBase:
     """A family's decoding options. ``NAMED_MODES``: the mode names users type (``--mode``, the HTTP APIs, the
-    page) -> the options each stands for; ``updated(mode=name)`` takes them."""
+    page) -> the options each stands for; ``updated(mode=name)`` takes them. ``FIELD_MODES``: a mode-specific option
+    -> the mode names that read it (:func:`check_request`)."""
     NAMED_MODES: ClassVar[dict[str, dict]] = {}
+    FIELD_MODES: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def updated(self, **changes):
         named = changes.get("mode")
@@ -134,22 +150,32 @@ class OptionsBase:
         """The mode name users type for these options."""
         return self.mode
 
+    @property
+    def full_name(self) -> str:
+        """The most specific mode name these options run as (VVS's names its skip schedule)."""
+        return self.name
 
-def check_flags_apply(fields_given, modes: list[str], named: dict[str, dict]) -> None:
-    """Refuse a mode-specific option that none of ``modes`` (names users type) reads, instead of ignoring it."""
-    runs = {named[m]["mode"] for m in modes if m in named}
-    for field in fields_given:
-        readers = FIELD_MODES.get(field)
-        if readers is not None and runs and not runs & set(readers):
+
+def check_request(defaults: OptionsBase, modes: list[str], given: dict) -> list:
+    """Each requested mode's options (no modes: the defaults' own) from a folder's or a service's defaults and the
+    options given. The one check of a request that vvs-run, vvs-bench (--scale included), the Pipeline and the
+    servers make before anything is loaded or queued: every value in range, and an option that none of the modes
+    reads refused, since accepting it would change no token."""
+    chosen = [defaults.updated(mode=m, **given) for m in modes] if modes else [defaults.updated(**given)]
+    for field in given:
+        readers = type(defaults).FIELD_MODES.get(field)
+        if readers is not None and not any({o.mode, o.name, o.full_name} & set(readers) for o in chosen):
             modes_of = (f"mode {readers[0]}" if len(readers) == 1 else
                         f"modes {', '.join(readers[:-1])} or {readers[-1]}")
-            why = f"applies to {modes_of} only, not {', '.join(sorted(runs))}"
+            why = f"applies to {modes_of} only, not {', '.join(dict.fromkeys(o.full_name for o in chosen))}"
             raise OptionsError(f"option {field} {why}", field, None, why)
+    return chosen
 
 
 @dataclass(frozen=True)
 class DecodeOptions(OptionsBase):
     NAMED_MODES: ClassVar[dict[str, dict]] = MODE_NAMES
+    FIELD_MODES: ClassVar[dict[str, tuple[str, ...]]] = FIELD_MODES
     mode: str = "vvs"
     # sampling (target and drafter share one logits processor: temperature -> top-k -> top-p)
     temperature: float = 1.0  # 0 = greedy
@@ -227,16 +253,9 @@ class DecodeOptions(OptionsBase):
             bad("pac_rule", f"choose one of {', '.join(PAC_RULES)}")
         if self.pac_tree_depth < 1:
             bad("pac_tree_depth", "must be >= 1 (the root counts; 1 drafts no tree)")
-        if self.mode == "sjd-pac" and self.pac_tree_width > 1 and self.pac_tree_nodes >= self.window_length:
-            tree = (f"{self.pac_tree_nodes} nodes of SJD-PAC's tree (pac_tree_width={self.pac_tree_width}, "
-                    f"pac_tree_depth={self.pac_tree_depth})")
-            if self.window:
-                bad("window", f"must exceed the {tree}; raise it or shrink the tree")
-            # the window was not chosen, so the tree is what is too large: name the tree option that was changed
-            grown = [f for f in ("pac_tree_depth", "pac_tree_width") if getattr(self, f) != getattr(type(self), f)]
-            bad((grown or ["pac_tree_depth"])[0],
-                f"the {tree} must be fewer than sjd-pac's published window of {self.window_length} tokens; shrink "
-                f"the tree or give a window above {self.pac_tree_nodes}")
+        if self.mode == "sjd-pac" and self.pac_tree_width > 1 and self.pac_tree_nodes > MAX_TREE_SIZE:
+            bad(self._grown_pac_option(), f"{self._pac_tree()} has more than {MAX_TREE_SIZE} nodes (the published "
+                                          "tree has 13); shrink it")
         if self.gsd_group_size < 1:
             bad("gsd_group_size", "must be >= 1 (1: the draft alone, as SJD)")
         if not 0 <= self.gsd_prob_gap <= 1:
@@ -253,6 +272,8 @@ class DecodeOptions(OptionsBase):
             bad("top_k", f"exceeds the vocabulary of {vocab_size} codes (0 keeps them all)")
         if self.jacobi and self.window > image_tokens:  # (a published length beyond a small image is cut to it)
             bad("window", f"must be at most the image's {image_tokens} tokens (a window drafts tokens of the image)")
+        if self.mode == "sjd-pac":
+            self._check_pac_window(image_tokens)
         if not self.uses_drafter:
             return
         if self.draft_top_k > max_draft_top_k:
@@ -263,10 +284,38 @@ class DecodeOptions(OptionsBase):
         if self.relaxed and self.lantern_k >= vocab_size:
             bad("lantern_k", f"must be below the vocabulary size {vocab_size}")
 
+    def _check_pac_window(self, image_tokens: int) -> None:
+        """SJD-PAC's tree fits in its window, which holds at most the image's tokens: the advice names only a
+        window the image allows."""
+        window = min(self.window_length, image_tokens)  # a published length beyond a small image is cut to it
+        nodes = self.pac_tree_nodes
+        if self.pac_tree_width == 1 or nodes < window:
+            return
+        tree = f"the {nodes} nodes of {self._pac_tree()}"
+        room = (f"; {'raise it' if self.window else f'give a window above {nodes}'} or shrink the tree"
+                if nodes < image_tokens else f"; shrink the tree (a window holds at most the image's "
+                                                   f"{image_tokens} tokens)")
+        if self.window:
+            raise OptionsError.bad("window", self.window, f"must exceed {tree}{room}")
+        raise OptionsError.bad(self._grown_pac_option(), getattr(self, self._grown_pac_option()),
+                               f"{tree} must be fewer than sjd-pac's window of {window} tokens{room}")
+
+    def _pac_tree(self) -> str:
+        return f"SJD-PAC's tree (pac_tree_width={self.pac_tree_width}, pac_tree_depth={self.pac_tree_depth})"
+
+    def _grown_pac_option(self) -> str:
+        """The tree option the user changed, where the tree is what is too large."""
+        grown = [f for f in ("pac_tree_depth", "pac_tree_width") if getattr(self, f) != getattr(type(self), f)]
+        return (grown or ["pac_tree_depth"])[0]
+
     @property
     def name(self) -> str:
         """The mode name users type for these options: the lossy SJD-PAC walk never wears the exact mode's name."""
         return "sjd-pac-official" if self.mode == "sjd-pac" and self.pac_rule == "official" else self.mode
+
+    @property
+    def full_name(self) -> str:
+        return f"vvs-{self.skip_policy}" if self.mode == "vvs" else self.name
 
     def to_dict(self) -> dict:
         return {**super().to_dict(), "mode": self.name}
@@ -295,8 +344,15 @@ class DecodeOptions(OptionsBase):
 
     @property
     def pac_tree_nodes(self) -> int:
-        """Nodes of SJD-PAC's tree, root included: 1 + K + ... + K^(D-1)."""
-        return sum(self.pac_tree_width ** level for level in range(self.pac_tree_depth))
+        """Nodes of SJD-PAC's tree, root included: 1 + K + ... + K^(D-1), counted only until it passes
+        ``MAX_TREE_SIZE`` (a refused tree's count could have hundreds of digits, and a deep chain take long)."""
+        nodes, level = 0, 1
+        for _ in range(self.pac_tree_depth):
+            nodes += level
+            if nodes > MAX_TREE_SIZE:
+                break
+            level *= self.pac_tree_width
+        return nodes
 
     @property
     def window_length(self) -> int:

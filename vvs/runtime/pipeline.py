@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from vvs.engines.base import EngineSet
-from vvs.runtime.options import DecodeOptions, OptionsError
+from vvs.runtime.options import DecodeOptions, OptionsError, about, check_request
 from vvs.runtime.random import image_seeds
 from vvs.runtime.scheduler import Scheduler
 from vvs.runtime.stats import ImageStats, aggregate
@@ -69,8 +69,9 @@ class Pipeline:
         self.engines.close()
 
     def options_for(self, mode: str | None = None, **options) -> DecodeOptions:
-        """The pipeline's options with overrides, checked against the model (raises :class:`OptionsError`)."""
-        opts = self.options.updated(**({} if mode is None else {"mode": mode}), **options)
+        """The pipeline's options with overrides, checked as every request is (:func:`check_request`) and against
+        the model (raises :class:`OptionsError`)."""
+        opts, = check_request(self.options, [] if mode is None else [mode], options)
         self.engines.check_options(opts)
         return opts
 
@@ -96,9 +97,12 @@ class Pipeline:
         Bad arguments raise :class:`OptionsError` here; a full queue raises
         :class:`~vvs.runtime.scheduler.Busy`."""
         opts = self.options_for(mode, **options)
-        conditions, caption_mask = self.engines.conditioning.prepare(self.engines, conditions, caption_mask)
-        seeds = image_seeds(seed, len(conditions))
-        check_timeout(timeout)
+        with about("conditions"):
+            conditions, caption_mask = self.engines.conditioning.prepare(self.engines, conditions, caption_mask)
+        with about("seed"):
+            seeds = image_seeds(seed, len(conditions))
+        with about("timeout"):
+            check_timeout(timeout)
         return Job(self.scheduler.submit(conditions, opts, seeds, caption_mask, timeout), opts)
 
     def decode(self, tokens: torch.Tensor) -> tuple[torch.Tensor, float]:

@@ -84,6 +84,10 @@ ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: 
                413: "invalid_request_error", 415: "invalid_request_error", 503: "server_error", 504: "server_error"}
 
 
+# vvs's request fields that an images request fills from a field of OpenAI's
+OPENAI_PARAMS = {"conditions": "prompt"}
+
+
 def error_body(status: int, message: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "param": param,
-                      "code": None}}
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"),
+                      "param": OPENAI_PARAMS.get(param, param), "code": None}}

@@ -14,6 +14,7 @@ import torch
 from vvs.families.mar.decode import MARDecoder
 from vvs.families.mar.options import MAROptions
 from vvs.runtime.conditions import class_ids
+from vvs.runtime.options import check_request
 from vvs.runtime.pipeline import Generation
 from vvs.runtime.random import image_seeds
 
@@ -29,7 +30,7 @@ class MARPipeline:
         self.engines.close()
 
     def options_for(self, mode: str | None = None, **options) -> MAROptions:
-        opts = self.options.updated(**({} if mode is None else {"mode": mode}), **options)
+        opts, = check_request(self.options, [] if mode is None else [mode], options)
         self.engines.check_options(opts)
         return opts
 
