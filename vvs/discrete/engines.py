@@ -14,7 +14,6 @@ from vvs.discrete.loading import load_drafter
 from vvs.engines.base import EngineSet, folder_graphs
 from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, verify_files
 from vvs.engines.torch_backend import TorchEngine
-from vvs.errors import VVSError
 from vvs.export.spec import DTYPE_NAMES
 from vvs.families.registry import family_of
 from vvs.models.layers import cast_floating
