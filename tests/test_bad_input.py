@@ -332,6 +332,72 @@ def test_export_refuses_bad_build_options_before_exporting(tmp_path, capsys, mon
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("model,loader", [("llamagen", "vvs.families.llamagen.bundle"),
+                                          ("janus-pro", "vvs.families.janus_pro.bundle")])
+def test_export_refuses_conflicting_weights_before_loading(tmp_path, capsys, monkeypatch, model, loader):
+    """A 7B checkpoint takes minutes to load: what the options alone decide is refused first."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module(loader), "load_bundle", lambda *a, **k: pytest.fail("loaded first"))
+    code, _, err = run_cli(export_main, ["--model", model, "--out", tmp_path / "engines", "--weights", "int4",
+                                         "--drafter-weights", "int8"], capsys, monkeypatch)
+    assert "option --drafter-weights int8: --weights int4 already sets the drafter's weights" in \
+        one_line_error(code, err, "vvs-export")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("hidden_size", "64", "hidden_size is '64', not a positive integer; fix the file"),
+    ("num_attention_heads", 0, "num_attention_heads is 0, not a positive integer; fix the file"),
+    ("rms_norm_eps", "x", "rms_norm_eps is 'x', not a positive number; fix the file"),
+])
+def test_a_bad_janus_config_value_is_one_line(tmp_path, capsys, monkeypatch, key, value, message):
+    from janus_reference import official_config, tokenizer
+
+    folder = tmp_path / "Janus-Pro-1B"
+    folder.mkdir()
+    config = official_config()
+    config["language_config"][key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    tokenizer().save(str(folder / "tokenizer.json"))
+    code, _, err = run_cli(export_main, ["--model", "janus-pro", "--checkpoint", folder, "--out", tmp_path / "e"],
+                           capsys, monkeypatch)
+    assert f"{folder / 'config.json'}: {message}" in one_line_error(code, err, "vvs-export")
+
+
+def config_readers():
+    """Lumina-mGPT's and a LANTERN/EAGLE drafter's config.json readers: (a good config, read(folder))."""
+    from lumina_reference import vocabulary
+    from vvs.discrete.loading import load_drafter
+    from vvs.families.llamagen.gpt import gpt_config
+    from vvs.families.lumina_mgpt.loading import official_config
+
+    target = gpt_config("GPT-tiny", vocab_size=16, grid_size=4)
+    return {"lumina": ({"model_type": "chameleon", "vocabulary_map": vocabulary(), "hidden_size": 64,
+                        "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+                        "vocab_size": len(vocabulary())}, lambda folder: official_config(folder, 16, 4, {})),
+            "drafter": ({"hidden_size": target.dim, "intermediate_size": 64, "num_attention_heads": target.n_head,
+                         "vocab_size": 16}, lambda folder: load_drafter(folder, target))}
+
+
+@pytest.mark.parametrize("reader,key,value,message", [
+    ("lumina", "hidden_size", "64", "hidden_size is '64', not a positive integer"),
+    ("lumina", "num_attention_heads", 0, "num_attention_heads is 0, not a positive integer"),
+    ("lumina", "rope_theta", -1, "rope_theta is -1, not a positive number"),
+    ("drafter", "hidden_size", "64", "hidden_size is '64', not a positive integer"),
+    ("drafter", "num_attention_heads", 0, "num_attention_heads is 0, not a positive integer"),
+    ("drafter", "rms_norm_eps", "x", "rms_norm_eps is 'x', not a positive number"),
+])
+def test_a_bad_lumina_or_drafter_config_value_is_one_line(tmp_path, reader, key, value, message):
+    from vvs.models.loading import CheckpointError
+
+    config, read = config_readers()[reader]
+    (tmp_path / "config.json").write_text(json.dumps({**config, key: value}))
+    with pytest.raises(CheckpointError) as err:
+        read(tmp_path)
+    assert str(err.value) == f"{tmp_path / 'config.json'}: {message}; fix the file"
+
+
 @pytest.mark.parametrize("writer,failure,reason", [
     ("export_graph", lambda: OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),
     # the torch weights, written by safetensors, whose errors are not OSErrors

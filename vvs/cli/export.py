@@ -78,6 +78,8 @@ def export(model, out, force, backend, compute_capability, max_images, **options
         capabilities = parse_compute_capabilities(compute_capability)
         check_build_request(backend, capabilities)
     own = {name: value for name, value in options.items() if name not in OWNERS or chosen in OWNERS[name]}
+    if chosen.check_export is not None:  # before a download or a load, which take minutes at 7B
+        chosen.call("check_export", own)
     own, sources = resolve_options(own, ctx.command.params, click.echo)  # hub ids -> the hub cache's files
     manifest = chosen.call("export", own, Path(out), force, click.echo)
     if sources:

@@ -150,9 +150,15 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
     return manifest
 
 
-def weights_per_graph(weights: str, drafter_weights: str | None, precision: str, has_drafter: bool) -> dict:
-    """What each graph's matrices are stored as (the manifest's ``graphs.<name>.weights``), or a one-line refusal
-    of a combination that cannot be exported."""
+QUANTISED_ON_THE_FLY = "the {} weights multiply float32 activations quantised on the fly"
+
+
+def check_options(options: dict) -> None:
+    """``vvs-export``'s refusals that need no model, made before a checkpoint is loaded (minutes at 7B)."""
+    check_weights(options["weights"], options["drafter_weights"], options["precision"])
+
+
+def check_weights(weights: str, drafter_weights: str | None, precision: str) -> None:
     for option, value, choices in (("--weights", weights, WEIGHTS),
                                    ("--drafter-weights", drafter_weights, DRAFTER_WEIGHTS)):
         if value is not None and value not in choices:
@@ -160,13 +166,18 @@ def weights_per_graph(weights: str, drafter_weights: str | None, precision: str,
     if weights != "fp32" and drafter_weights is not None:
         raise VVSError(f"option --drafter-weights {drafter_weights}: --weights {weights} already sets the drafter's "
                        "weights; give --weights alone, or --drafter-weights alone to quantise only the drafter")
-    why = "the {} weights multiply float32 activations quantised on the fly"
     if weights != "fp32" and precision != "fp32":
-        raise VVSError(f"option --weights {weights}: needs --precision fp32 ({why.format(weights)}), not --precision "
-                       f"{precision}")
+        raise VVSError(f"option --weights {weights}: needs --precision fp32 ({QUANTISED_ON_THE_FLY.format(weights)}), "
+                       f"not --precision {precision}")
+
+
+def weights_per_graph(weights: str, drafter_weights: str | None, precision: str, has_drafter: bool) -> dict:
+    """What each graph's matrices are stored as (the manifest's ``graphs.<name>.weights``), or a one-line refusal
+    of a combination that cannot be exported."""
+    check_weights(weights, drafter_weights, precision)
     if drafter_weights not in (None, "fp32") and (precision != "fp32" or not has_drafter):
         raise VVSError(f"option --drafter-weights {drafter_weights}: needs a drafter and --precision fp32 "
-                       f"({why.format(drafter_weights)})")
+                       f"({QUANTISED_ON_THE_FLY.format(drafter_weights)})")
     drafter_weights = drafter_weights or HEADLESS.get(weights, weights)
     floating = "fp32" if precision == "fp32" else "fp16"
     target = "w8a8" if precision == "int8" else weights if weights != "fp32" else floating

@@ -113,6 +113,7 @@ def discrete_family(*, name: str, label: str, summary: str, package: str, target
                         *((PROMPT_TOKENS,) if prompt_ids else ())),
         decoding_flags=DECODING_FLAGS,
         export=f"{package}.bundle:export_from_options",
+        check_export=f"{D}.exporter:check_options",
         load_engines=f"{D}.engines:load_engines",
         pipeline="vvs.runtime.pipeline:Pipeline",
         instruments=f"{D}.engines:quality_instruments",

@@ -8,7 +8,12 @@ from pathlib import Path
 
 from vvs.discrete.drafter import Drafter, DrafterConfig
 from vvs.discrete.target import TargetConfig
-from vvs.models.loading import CheckpointError, config_from_meta, load_state, read_checkpoint
+from vvs.models.loading import CheckpointError, check_config_values, config_from_meta, load_state, read_checkpoint
+
+
+# a LANTERN/EAGLE config.json's sizes, checked before any arithmetic on them
+DRAFTER_SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                 "num_hidden_layers", "model_parallel_size")
 
 
 def load_drafter(path, target: TargetConfig) -> Drafter:
@@ -20,6 +25,7 @@ def load_drafter(path, target: TargetConfig) -> Drafter:
             raise CheckpointError(path, "drafter folder has no config.json")
         try:
             hf = json.loads(cfg_file.read_text())
+            check_config_values(cfg_file, hf, DRAFTER_SIZES, ("rms_norm_eps",))
             config = DrafterConfig.from_hf_json(hf)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
             raise CheckpointError(cfg_file, f"not a usable drafter config: {err}") from None

@@ -34,23 +34,23 @@ class EngineFolderError(VVSError):
 
 
 # What a graph's matrices are stored as: float32, float16 / bfloat16 (such folders, and int8 folders' graphs other
-# than the target's), w8a8 (SmoothQuant's per-channel int8 weights and int8 activations as Q/DQ, int8 folders'
-# target graphs), or int8 / int4 / int4-head8 (weight-only: ONNX Runtime's block-wise MatMulNBits in a float32
-# graph; int4-head8: int4 but the output head int8)
-GRAPH_WEIGHTS = ("fp32", "fp16", "bf16", "w8a8", "int8", "int4", "int4-head8")
+# than the target's), w8a8-static (SmoothQuant's per-channel int8 weights and calibrated int8 activations as Q/DQ,
+# int8 folders' target graphs), int8 / int4 / int4-head8 (weight-only: ONNX Runtime's block-wise MatMulNBits in a
+# float32 graph; int4-head8: int4 but the output head int8), or w8a8 (int8 weights per channel times activations
+# quantised per row in the graph, through MatMulInteger: vvs.export.row_int8)
+GRAPH_WEIGHTS = ("fp32", "fp16", "bf16", "w8a8-static", "int8", "int4", "int4-head8", "w8a8")
 WEIGHT_ONLY = ("int8", "int4", "int4-head8")
+REWRITTEN = (*WEIGHT_ONLY, "w8a8")  # written by rewriting a float32 graph's MatMuls (vvs-export --weights)
 W8A8_GRAPHS = ("target_prefill", "target_verify")  # what --precision int8 quantizes
 
 
 def graph_weights(manifest: dict, name: str) -> str:
     """The storage of graph ``name``'s matrices; folders exported before graphs recorded it say so through their
     precision (and a draft_tree's ``weights``, recorded from the start)."""
+    if manifest["precision"] == "int8":  # recorded as "w8a8" before the per-row format took that name
+        return "w8a8-static" if name in W8A8_GRAPHS else "fp16"
     recorded = manifest["graphs"][name].get("weights")
-    if recorded is not None:
-        return recorded
-    if manifest["precision"] == "int8":
-        return "w8a8" if name in W8A8_GRAPHS else "fp16"
-    return manifest["precision"]
+    return manifest["precision"] if recorded is None else recorded
 
 
 # a file of the folder: a relative path without ".." components

@@ -26,6 +26,7 @@ import torch
 from torch.export import Dim
 
 from vvs.export.spec import GraphSpec, sample_inputs
+from vvs.export.row_int8 import as_matmul_integer
 from vvs.export.weight_only import as_matmul_nbits
 from vvs.models.layers import cast_floating
 
@@ -37,8 +38,10 @@ EXTERNAL_DATA_BYTES = 1 << 30  # larger graphs keep their weights in a side file
 def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: int, max_position: int,
                  dtype: torch.dtype | None = None, weights: str | None = None, on_meta: bool = True) -> list[Path]:
     """Write ``path`` (and ``path.data`` for large graphs); returns the files written. ``dtype``: the graph's
-    floating dtype (default the module's, RoPE tables stay float32); ``weights``: "int8" or "int4" writes every
-    constant matrix a MatMul multiplies by as ONNX Runtime's ``MatMulNBits`` (:mod:`vvs.export.weight_only`).
+    floating dtype (default the module's, RoPE tables stay float32); ``weights``: "int8", "int4" or "int4-head8"
+    writes every constant matrix a MatMul multiplies by as ONNX Runtime's ``MatMulNBits``
+    (:mod:`vvs.export.weight_only`), "w8a8" as int8 codes that ``MatMulInteger`` multiplies by activations quantised
+    per row (:mod:`vvs.export.row_int8`).
     ``on_meta=False`` traces a copy of the module with its weights: fake-quantised (W8A8) linears export as
     ``QuantizeLinear`` / ``DequantizeLinear`` only from real tensors."""
     module.requires_grad_(False)  # inference graphs (and fake-quant ops export as Q/DQ only without autograd)
@@ -60,7 +63,11 @@ def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: in
     model = program.model
     stored_bytes = sum(p.numel() * p.element_size() for p in twin.parameters())
     if weights is not None:  # before optimising: the matrices' transposes must not be folded into copies
-        as_matmul_nbits(model.graph, lambda name: sources[name].detach().float().numpy(), weights)
+        read = lambda name: sources[name].detach().float().numpy()  # noqa: E731
+        if weights == "w8a8":
+            as_matmul_integer(model.graph, read, dict(module.named_parameters(remove_duplicate=False)))
+        else:
+            as_matmul_nbits(model.graph, read, weights)
     for name, value in model.graph.initializers.items():
         if name in sources and getattr(value.const_value, "raw", None) is not None and value.const_value.raw.is_meta:
             value.const_value = lazy_weight(sources[name], value)

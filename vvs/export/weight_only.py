@@ -32,19 +32,21 @@ BLOCK = 32
 ACCURACY_LEVEL = 4  # int8 activations times int8 weights
 
 
-def as_matmul_nbits(graph: ir.Graph, read: Callable[[str], np.ndarray], weights: str) -> None:
+def as_matmul_nbits(graph: ir.Graph, read: Callable[[str], np.ndarray], weights: str,
+                    accuracy_level: int = ACCURACY_LEVEL) -> None:
     """Rewrite each MatMul of ``graph`` by a constant matrix -- an initialiser ``[K, N]``, or the transpose of one
     ``[N, K]``, as torch's exporter writes a Linear -- as ``MatMulNBits`` of ``weights`` (a :data:`BITS` name;
     its head bits apply to the :func:`output_head` of a graph with logits).
     ``read(name)`` gives an initialiser's float32 values; it is called only as the file is written, once per
-    matrix, so the graph never holds more than one matrix's floats."""
+    matrix, so the graph never holds more than one matrix's floats. ``accuracy_level``: what the kernel multiplies
+    in (ONNX Runtime's levels: 1 float32, 4 int8; ``bench/row_costs.py`` measures each)."""
     matrices, head = BITS[weights]
     heads = output_head(graph)
     quantised: dict[tuple[str, int], tuple[ir.Value, ir.Value, int, int]] = {}
     for node in list(graph):
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
             continue
-        stored = _stored_matrix(node)
+        stored = stored_matrix(node)
         if stored is None:
             continue
         matrix, transpose = stored
@@ -54,7 +56,7 @@ def as_matmul_nbits(graph: ir.Graph, read: Callable[[str], np.ndarray], weights:
             quantised[matrix.name, bits] = _packed(graph, matrix, read, bits, transposed)
         packed, scales, k, n = quantised[matrix.name, bits]
         attributes = [ir.AttrInt64(key, value) for key, value in
-                      (("K", k), ("N", n), ("bits", bits), ("block_size", BLOCK), ("accuracy_level", ACCURACY_LEVEL))]
+                      (("K", k), ("N", n), ("bits", bits), ("block_size", BLOCK), ("accuracy_level", accuracy_level))]
         new = ir.Node("com.microsoft", "MatMulNBits", [node.inputs[0], packed, scales], attributes, name=node.name)
         convenience.replace_nodes_and_values(graph, node, [node], [new], node.outputs, new.outputs)
         if transposed and not transpose.outputs[0].uses():
@@ -76,14 +78,14 @@ def output_head(graph: ir.Graph, output: str = "logits") -> set[ir.Node]:
         if node is None or node in seen:
             continue
         seen.add(node)
-        if node.op_type == "MatMul" and _stored_matrix(node) is not None:
+        if node.op_type == "MatMul" and stored_matrix(node) is not None:
             heads.add(node)
         else:
             todo.extend(value.producer() for value in node.inputs if value is not None)
     return heads
 
 
-def _stored_matrix(node: ir.Node) -> tuple[ir.Value, ir.Node | None] | None:
+def stored_matrix(node: ir.Node) -> tuple[ir.Value, ir.Node | None] | None:
     """The initialiser ``[K, N]`` a MatMul multiplies by, with the Transpose it goes through when stored ``[N, K]``
     (as torch's exporter writes a Linear); None when its second input is not a stored matrix."""
     source = node.inputs[1]

@@ -53,6 +53,7 @@ class Family:
     # a discrete-token family's target architecture (vvs.discrete.arch.TargetArch), which the shared graphs,
     # exporter and engine sets build on; None for a family with its own (MAR)
     target_arch: str | None = None
+    check_export: str | None = None  # (its vvs-export options): refuses a combination before anything is loaded
     scale: str | None = None  # vvs-bench --scale: (engine_dir, size) -> the inflated folder
     scale_sizes: tuple[str, ...] = ()
     describe_scale: str | None = None  # (manifest) -> one line, or None for an ordinary folder

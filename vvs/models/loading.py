@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pickle
 import zipfile
@@ -24,7 +25,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from vvs.errors import VVSError
+from vvs.errors import VVSError, json_value
 from vvs.files import follow_umask
 from vvs.models.vq import VQConfig, VQModel
 
@@ -34,6 +35,21 @@ class CheckpointError(VVSError):
 
     def __init__(self, path: os.PathLike | str, problem: str):
         super().__init__(f"{path}: {problem}")
+
+
+def check_config_values(path, data: dict, sizes: tuple[str, ...], numbers: tuple[str, ...] = ()) -> None:
+    """A config's ``sizes`` as positive integers and its ``numbers`` (norm epsilons, RoPE bases) as positive finite
+    numbers, checked before any arithmetic on them, so that a wrong value ("64" for 64, 0 heads) is a one-line
+    :class:`CheckpointError`. An absent or null key is left to the reader's defaults."""
+    for key in sizes:
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise CheckpointError(path, f"{key} is {json_value(value)}, not a positive integer; fix the file")
+    for key in numbers:
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 < value < math.inf):
+            raise CheckpointError(path, f"{key} is {json_value(value)}, not a positive number; fix the file")
 
 
 # --------------------------------------------------------------------------- reading files

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from vvs.families.janus_pro.model import JanusConfig, JanusGen
-from vvs.models.loading import CheckpointError, load_state, load_vvs_model, read_hf_weights
+from vvs.models.loading import CheckpointError, check_config_values, load_state, load_vvs_model, read_hf_weights
 from vvs.models.vq import VQConfig, VQModel, vq_config
 
 # keys of a deepseek-ai checkpoint that image generation does not use (the usage counter is a training statistic,
@@ -47,6 +47,11 @@ LLAMA_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_l
                   "rope_scaling": None, "attention_bias": False, "mlp_bias": False, "head_dim": None,
                   "num_key_value_heads": None}
 # JanusVQVAEConfig's defaults (the released VQ-16), for what vq_config leaves out
+# the language model's sizes and constants, each checked before any arithmetic on it
+LLAMA_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+               "head_dim", "num_key_value_heads")
+LLAMA_NUMBERS = ("rms_norm_eps", "rope_theta")
+VQ_SIZES = ("codebook_size", "codebook_embed_dim", "base_channels", "z_channels", "num_res_blocks")
 JANUS_VQ_DEFAULTS = {"embed_dim": 8, "num_embeddings": 16384, "double_latent": False, "latent_channels": 256,
                      "in_channels": 3, "out_channels": 3, "base_channels": 128, "channel_multiplier": [1, 1, 2, 2, 4],
                      "num_res_blocks": 2, "projection_dim": 2048, "num_hidden_layers": 2, "hidden_act": "gelu",
@@ -98,6 +103,9 @@ def official_config(folder: Path, prompt_slots: int, grid_size: int = 24) -> tup
                     else "text_config and vq_config")
         raise CheckpointError(path, f"not a Janus-Pro config ({layout} with {expected}): "
                                     f"{type(err).__name__} {err}") from None
+    check_config_values(path, llama, LLAMA_SIZES, LLAMA_NUMBERS)
+    check_config_values(path, sizes, tuple(sizes))
+    check_config_values(path, vars(vq), VQ_SIZES)
     heads = llama["num_attention_heads"]
     if llama["num_key_value_heads"] not in (None, heads):
         problems.append(f"num_key_value_heads {llama['num_key_value_heads']} differs from {heads} attention heads")

@@ -19,7 +19,8 @@ import torch
 from vvs.families.lumina_mgpt.model import ChameleonConfig, ChameleonGen
 from vvs.families.lumina_mgpt.vqgan import ChameleonVQGAN, VQGANConfig
 from vvs.models.hub import folder_name
-from vvs.models.loading import CheckpointError, load_state, load_vvs_model, read_checkpoint, read_hf_weights
+from vvs.models.loading import (CheckpointError, check_config_values, load_state, load_vvs_model, read_checkpoint,
+                                read_hf_weights)
 
 UNUSED = ("model.vqmodel.",)
 # the ids a prompt and an image are built from, by the names Chameleon's vocabulary gives them
@@ -71,6 +72,8 @@ def official_config(folder: Path, prompt_slots: int, grid_size: int, state: dict
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CheckpointError(path, f"not a Lumina-mGPT config (chameleon, with its vocabulary_map): "
                                     f"{type(err).__name__} {err}") from None
+    check_config_values(path, data, ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                                     "vocab_size", "num_key_value_heads"), ("rms_norm_eps", "rope_theta"))
     problems = []
     if data.get("model_type") != "chameleon":
         problems.append(f"model_type {data.get('model_type')!r} is not 'chameleon'")
