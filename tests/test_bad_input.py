@@ -458,6 +458,23 @@ def test_api_errors_are_options_errors(pipeline_factory, conditions, options, me
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_too_long_prompt_is_advised_only_a_size_a_folder_can_take():
+    from types import SimpleNamespace
+
+    from janus_reference import tokenizer
+    from vvs.families.janus_pro.prompts import PromptIds
+
+    builder = PromptIds(tokenizer(), SimpleNamespace(cls_token_num=16, pad_id=0, bos_id=1))
+    with pytest.raises(OptionsError) as err:
+        builder.encode(["cat " * 20])
+    assert str(err.value).endswith("is 26 tokens with the chat template; this folder takes at most 16: shorten it, "
+                                   "or re-export with --prompt-tokens 26 or more")
+    with pytest.raises(OptionsError) as err:
+        builder.encode(["cat " * 5000])
+    assert str(err.value).endswith("is 5006 tokens with the chat template; this folder takes at most 16: shorten it "
+                                   "(no folder takes more than 4096)")
+
+
 @pytest.mark.parametrize("codes,message", [
     (torch.full((1, 16), 16), "codes must lie in [0, 16) (the codebook's size), got 16..16"),
     (torch.full((1, 16), -1), "codes must lie in [0, 16)"),

@@ -115,3 +115,46 @@ def test_help_of_the_package_points_to_its_entry_points():
     text = pydoc.render_doc(vvs, renderer=pydoc.plaintext)
     for name in ("vvs.engines.load_engines", "vvs.runtime.pipeline.Pipeline", "vvs.serve.client.Client", "vvs-run"):
         assert name in text
+
+
+def test_help_shows_each_llamagen_script_s_published_sampling():
+    """LlamaGen's class-conditional script samples with guidance 4 and top-k 2000, its text-to-image one with 7.5
+    and 1000; the help showed the latter alone."""
+    from vvs.cli.run import run_cmd
+
+    helps = {p.name: p.help for p in run_cmd.params}
+    assert helps["cfg_scale"].endswith("(published: LlamaGen c2i 4.0 / t2i 7.5, MAR 1.0, Janus-Pro 5.0, "
+                                       "Lumina-mGPT 3.0).")
+    assert helps["top_k"].endswith("(published: LlamaGen c2i 2000 / t2i 1000, Janus-Pro 0, Lumina-mGPT 2000).")
+    assert helps["draft_top_k"].endswith("(published: LlamaGen 10, Janus-Pro 10, Lumina-mGPT 10).")  # one value
+
+
+INT4_MANIFEST = {"precision": "fp32", "files": {"torch_target.safetensors": {}},
+                 "graphs": {"target_prefill": {"weights": "int4"}, "target_verify": {"weights": "int4"},
+                            "draft_tree": {"weights": "int4"}, "vq_decode": {"weights": "fp32"}}}
+
+
+def test_the_export_summary_names_the_weights_format():
+    from vvs.cli.export import graph_formats
+
+    assert graph_formats(INT4_MANIFEST) == "int4 weights, vq_decode fp32"
+    drafter_int8 = {**INT4_MANIFEST, "graphs": {**INT4_MANIFEST["graphs"], "target_prefill": {"weights": "fp32"},
+                                                 "target_verify": {"weights": "fp32"},
+                                                 "draft_tree": {"weights": "int8"}}}
+    assert graph_formats(drafter_int8) == "fp32 weights, draft_tree int8"
+
+
+def test_the_torch_backend_says_it_runs_a_quantised_folder_s_float32_weights(capsys):
+    import click
+
+    from vvs.cli.common import backend_notice
+    from vvs.cli.run import run_cmd
+
+    with click.Context(run_cmd, info_name="vvs-run"):
+        backend_notice(INT4_MANIFEST, "onnxruntime")
+        backend_notice({**INT4_MANIFEST, "files": {}}, "torch")  # no float32 weights: the torch loader refuses
+        assert capsys.readouterr().err == ""
+        backend_notice(INT4_MANIFEST, "torch")
+    assert capsys.readouterr().err == (
+        "vvs-run: note: --backend torch runs this folder's float32 weights, not its int4 graphs (exact modes sample "
+        "the float32 target); --backend onnxruntime runs the int4 model\n")

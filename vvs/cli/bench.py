@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from vvs.cli.common import (FamilyCommand, check_before_loading, class_option, decoding_headings, engine_options,
-                            family_overrides, mode_option, num_images_option, prompt_options, resolve_conditions,
-                            resolve_modes, run_command, split_values, with_decoding_options)
+from vvs.cli.common import (FamilyCommand, backend_notice, check_before_loading, class_option, decoding_headings,
+                            engine_options, family_overrides, mode_option, num_images_option, prompt_options,
+                            resolve_conditions, resolve_modes, run_command, split_values, with_decoding_options)
 from vvs.errors import VVSError
 from vvs.families.registry import FAMILIES, pipeline_of
 from vvs.runtime.options import OptionsError, check_request
@@ -78,6 +78,7 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
     overrides = family_overrides(decoding, family)
     base = check_before_loading(manifest, modes, overrides, backend, device).updated(**overrides)
     check_settings(lambda given: check_request(base, [], given), settings, swept)
+    backend_notice(manifest, backend)
     instruments = load_instruments(Path(engine_dir), manifest)  # an inflated pair's quality is its source's
     if instruments is not None and num_images < 2:
         raise VVSError("option --num-images: the quality statistics (FID) need at least 2 images per seed set")

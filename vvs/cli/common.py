@@ -115,12 +115,19 @@ def decoding_flags() -> dict[str, dict]:
 def with_decoding_options(fn):
     """The decoding flags, each defaulting to the engine folder's value."""
     for flag, entry in reversed(decoding_flags().items()):
-        published = ", ".join(f"{FAMILIES[n].label} {getattr(FAMILIES[n].published(), entry['field'])}"
-                              for n in entry["families"])
+        published = ", ".join(published_value(FAMILIES[n], entry["field"]) for n in entry["families"])
         kind = {"is_flag": True} if entry["type"] is bool else {"type": entry["type"]}
         fn = click.option(flag, entry["field"], default=None, **kind,
                           help=f"{entry['help']} Default: the engine folder's (published: {published}).")(fn)
     return fn
+
+
+def published_value(family: Family, field: str) -> str:
+    """``LlamaGen 10``, or each script's value where the release's scripts differ: ``LlamaGen c2i 4.0 / t2i 7.5``."""
+    values = {script: getattr(opts, field) for script, opts in family.published().items()}
+    if len(set(values.values())) == 1:
+        return f"{family.label} {next(iter(values.values()))}"
+    return f"{family.label} " + " / ".join(f"{script} {value}" for script, value in values.items())
 
 
 def decoding_headings() -> dict[str, str]:
@@ -153,6 +160,20 @@ def check_before_loading(manifest: dict, modes: list[str], overrides: dict, back
     check_request(defaults, modes, overrides)
     check_backend(manifest, backend, device)
     return defaults
+
+
+def backend_notice(manifest: dict, backend: str) -> None:
+    """--backend torch runs the float32 torch weights a --weights folder's graphs were quantised from: a user who
+    asked for an int4 model is told on stderr (one line, before the run) that its tokens are not the int4 graphs'.
+    Refusing would take the float32 reference away; saying nothing hid it."""
+    from vvs.engines.manifest import REWRITTEN, TORCH_WEIGHTS, graph_weights
+
+    formats = list(dict.fromkeys(w for w in (graph_weights(manifest, name) for name in manifest["graphs"])
+                                 if w in REWRITTEN))
+    if backend == "torch" and formats and TORCH_WEIGHTS["target"] in manifest["files"]:
+        click.echo(f"{click.get_current_context().find_root().info_name}: note: --backend torch runs this folder's "
+                   f"float32 weights, not its {' and '.join(formats)} graphs (exact modes sample the float32 "
+                   f"target); --backend onnxruntime runs the {' and '.join(formats)} model", err=True)
 
 
 def flag_message(err: OptionsError) -> str:

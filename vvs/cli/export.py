@@ -92,11 +92,22 @@ def export(model, out, force, backend, compute_capability, max_images, **options
 
         manifest = build_folder(Path(out), backend, max_images, capabilities, progress=report)
     total = sum(f["bytes"] for f in manifest["files"].values())
-    click.echo(f"wrote {out}/: {len(manifest['graphs'])} graphs ({manifest['precision']}, opset "
+    click.echo(f"wrote {out}/: {len(manifest['graphs'])} graphs ({graph_formats(manifest)}, opset "
                f"{manifest['versions']['opset']}), {len(manifest['files'])} files, {total / 1e6:.1f} MB, in "
                f"{time.time() - start:.0f} s")
     example = ' --prompt "a photo of a cat"' if chosen.takes_prompts(manifest) else ""
     click.echo(f"next: vvs-run --engine {out}{example}")
+
+
+def graph_formats(manifest: dict) -> str:
+    """What the graphs' matrices are stored as, the most common first: ``int4 weights, vq_decode fp32``."""
+    from vvs.engines.manifest import graph_weights
+
+    formats: dict[str, list[str]] = {}
+    for name in manifest["graphs"]:
+        formats.setdefault(graph_weights(manifest, name), []).append(name)
+    ranked = sorted(formats, key=lambda f: -len(formats[f]))
+    return ", ".join([f"{ranked[0]} weights", *(f"{' and '.join(formats[f])} {f}" for f in ranked[1:])])
 
 
 export_cmd = FamilyCommand(

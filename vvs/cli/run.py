@@ -5,9 +5,10 @@ from pathlib import Path
 
 import click
 
-from vvs.cli.common import (FamilyCommand, check_before_loading, class_option, decoding_headings, engine_options,
-                            family_overrides, mode_option, num_images_option, prompt_options, resolve_conditions,
-                            resolve_modes, resolve_seeds, run_command, split_values, with_decoding_options)
+from vvs.cli.common import (FamilyCommand, backend_notice, check_before_loading, class_option, decoding_headings,
+                            engine_options, family_overrides, mode_option, num_images_option, prompt_options,
+                            resolve_conditions, resolve_modes, resolve_seeds, run_command, split_values,
+                            with_decoding_options)
 from vvs.families.registry import pipeline_of
 
 
@@ -47,6 +48,7 @@ def run_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, 
     modes = resolve_modes(modes, [], family.mode_names)
     overrides = family_overrides(decoding, family)
     check_before_loading(manifest, modes, overrides, backend, device)
+    backend_notice(manifest, backend)
     names = manifest["model"].get("classes")
     labels = resolve_conditions(engine_dir, manifest, classes, prompts, prompts_file, num_images,
                                 len(split_values(classes)) or 4)

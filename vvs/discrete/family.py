@@ -9,7 +9,7 @@ from typing import Any, Callable
 import click
 
 from vvs.families.base import DecodingFlag, Family
-from vvs.runtime.options import SKIP_POLICIES, DecodeOptions
+from vvs.runtime.options import MAX_PROMPT_TOKENS, SKIP_POLICIES, DecodeOptions
 
 D = "vvs.discrete"
 
@@ -49,7 +49,7 @@ EXPORT_OPTIONS = (
 )
 # the prompt-id families' (Janus-Pro, Lumina-mGPT): one option object, so the command shows it once
 PROMPT_TOKENS = click.Option(
-    ["--prompt-tokens"], type=click.IntRange(4, 4096), default=None,
+    ["--prompt-tokens"], type=click.IntRange(4, MAX_PROMPT_TOKENS), default=None,
     help="The longest prompt the folder takes, in tokens with the model's template (shorter ones are left-padded): "
          "the target's prompt slots (default: 64 for a Janus-Pro checkpoint, 128 for a Lumina-mGPT one, whose "
          "instruction template alone takes about 20; 48 for a shipped pair).")
@@ -90,7 +90,8 @@ def discrete_family(*, name: str, label: str, summary: str, package: str, target
                     vq_config: str = "vvs.models.vq:VQConfig", condition_kind: Callable[[dict], str] = _text,
                     num_classes: Callable[[dict], int] = _no_classes, checkpoint_options: tuple[click.Option, ...] = (),
                     export_options: tuple[click.Option, ...] = (), tunes: bool = False,
-                    sampling: dict[str, Any] | None = None, instead: dict[str, str] | None = None) -> Family:
+                    sampling: dict[str, Any] | None = None, script_sampling: dict[str, dict] | None = None,
+                    instead: dict[str, str] | None = None) -> Family:
     """The record of a discrete-token family whose package offers ``bundle:export_from_options`` and
     ``arch:ARCH``. ``target_config``: its target's config class (``"module:Class"``) and the sizes the loaders
     derive from it; ``prompt_ids``: the target reads prompt ids through its own tokenizer (the folder carries it,
@@ -128,4 +129,5 @@ def discrete_family(*, name: str, label: str, summary: str, package: str, target
         train_commands=train_commands,
         instead=instead or {},
         sampling=sampling or {},
+        script_sampling=script_sampling or {},
     )

@@ -69,10 +69,14 @@ class Family:
     # the official release's sampling where it differs from the options class's defaults: the decoding defaults of
     # a folder exported from an official checkpoint, and the published values the commands' help shows
     sampling: dict[str, Any] = field(default_factory=dict)
+    # where the release's sampling scripts differ by condition kind ("c2i", "t2i"): each script's own changes
+    script_sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def published(self):
-        """The decoding options the family's official release samples with."""
-        return self.options().updated(**self.sampling)
+    def published(self) -> dict[str, Any]:
+        """The decoding options the family's official release samples with, by the script that samples them (one
+        entry, keyed "", where one script samples for every folder)."""
+        return {script: self.options().updated(**self.sampling, **own)
+                for script, own in (self.script_sampling or {"": {}}).items()}
 
     @property
     def mode_names(self) -> dict[str, dict]:

@@ -29,6 +29,8 @@ SKIP_POLICIES = ("uniform", "dynamic")
 # depth 4-6. A window or tree is also bounded by the image it paints (check_model).
 MAX_TREE_DEPTH = 16
 MAX_TREE_SIZE = 512
+# the longest prompt a folder's prompt slots take (vvs-export --prompt-tokens), in tokens with the model's template
+MAX_PROMPT_TOKENS = 4096
 # the names vvs-run and vvs-bench accept: a mode, or VVS with a chosen skip schedule
 MODE_NAMES = {
     "ar": {"mode": "ar"},

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from vvs.runtime.options import OptionsError
+from vvs.runtime.options import MAX_PROMPT_TOKENS, OptionsError
 from vvs.text.encoder import check_prompts
 
 
@@ -38,9 +38,10 @@ class PromptIds:
         too_long = next(((p, r) for p, r in zip(prompts, rows) if len(r) > c), None)
         if too_long is not None:
             prompt, row = too_long
+            instead = (f", or re-export with --prompt-tokens {len(row)} or more" if len(row) <= MAX_PROMPT_TOKENS
+                       else f" (no folder takes more than {MAX_PROMPT_TOKENS})")
             raise OptionsError(f"prompt {prompt[:40]!r}{'...' if len(prompt) > 40 else ''} is {len(row)} tokens with "
-                               f"{self.template}; this folder takes at most {c}: shorten it, or re-export with "
-                               f"--prompt-tokens {len(row)} or more")
+                               f"{self.template}; this folder takes at most {c}: shorten it{instead}")
         ids = torch.full((len(rows), c), pad, dtype=torch.long)
         mask = torch.zeros(len(rows), c, dtype=torch.bool)
         for i, row in enumerate(rows):

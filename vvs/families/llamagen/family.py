@@ -34,5 +34,8 @@ FAMILY = discrete_family(
     ),
     scale_sizes=SCALE_SIZES,
     tunes=True,
+    # the options class's defaults are the text-to-image script's (sample_t2i.py); the class-conditional one
+    # (sample_c2i.py) samples with guidance 4 and top-k 2000
+    script_sampling={"c2i": {"cfg_scale": 4.0, "top_k": 2000}, "t2i": {}},
     train_commands=(f"{M}.commands:train_all", f"{M}.commands:train_t2i_cmd", f"{M}.commands:train_drafter_cmd"),
 )
