@@ -103,7 +103,11 @@ def test_tuner_records_the_measured_speed_next_to_the_prediction(pipeline_factor
     assert record["skip_intervals"][0]["speedup_vs_ar"] == pytest.approx(2.0 / 1.1)
     assert "skip interval 2: 1.82x vs ar, outside AR's quality spread" in lines
     assert "skip interval 3: 1.60x vs ar, inside AR's quality spread" in lines
-    assert lines[-2] == "picked skip interval 3"
+    assert "picked skip interval 3" in lines
+    # every other mode measured 1.5 s against AR's 2: the first exact one raced (sd) is the default, at the tree;
+    # VVS at the picked interval (1.25 s, inside AR's spread) is the fastest of all
+    assert options.mode == "sd" and record["fastest_exact_mode"] == "sd"
+    assert record["fastest_mode"] == "vvs-uniform" and record["modes"]["vvs-uniform"]["seconds_per_image"] == 1.25
 
 
 def test_bench_command_writes_results(tiny_folder, tmp_path, capsys, monkeypatch):

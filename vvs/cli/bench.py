@@ -6,12 +6,13 @@ from pathlib import Path
 
 import click
 
-from vvs.cli.common import (FamilyCommand, backend_notice, check_before_loading, class_option, decoding_headings,
-                            engine_options, family_overrides, mode_option, num_images_option, prompt_options,
-                            resolve_conditions, resolve_modes, run_command, split_values, with_decoding_options)
+from vvs.cli.common import (FamilyCommand, backend_notice, check_before_loading, check_folder_request, class_option,
+                            decoding_headings, engine_options, family_overrides, mode_option, num_images_option,
+                            prompt_options, resolve_conditions, resolve_modes, run_command, split_values,
+                            with_decoding_options)
 from vvs.errors import VVSError
 from vvs.families.registry import FAMILIES, pipeline_of
-from vvs.runtime.options import OptionsError, check_request
+from vvs.runtime.options import OptionsError
 
 
 @click.command(cls=FamilyCommand, family_options=decoding_headings(),
@@ -59,7 +60,7 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
     from vvs.engines import load_engines
     from vvs.engines.manifest import MANIFEST, read_manifest
     from vvs.families.registry import family_of
-    from vvs.memory import peak_resident_bytes
+    from vvs.memory import folder_weight_bytes, peak_resident_bytes
     from vvs.output import ensure_writable_dir
 
     manifest = read_manifest(Path(engine_dir))
@@ -77,7 +78,7 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
     settings = make_settings(modes, swept, family.mode_names)
     overrides = family_overrides(decoding, family)
     base = check_before_loading(manifest, modes, overrides, backend, device).updated(**overrides)
-    check_settings(lambda given: check_request(base, [], given), settings, swept)
+    check_settings(lambda given: check_folder_request(manifest, backend, base, [], given), settings, swept)
     backend_notice(manifest, backend)
     instruments = load_instruments(Path(engine_dir), manifest)  # an inflated pair's quality is its source's
     if instruments is not None and num_images < 2:
@@ -104,7 +105,7 @@ def bench_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file
     results.update({"engine": str(engine_dir), "backend": engines.backend, "machine": machine(),
                     "num_images": num_images, "seed": seed, "num_seeds": num_seeds, "batch_size": batch_size,
                     "defaults": pipe.options.to_dict(), "scale": described,
-                    "peak_resident_bytes": peak_resident_bytes()})
+                    "peak_resident_bytes": peak_resident_bytes(), "weight_bytes": folder_weight_bytes(engine_dir)})
     write_results(results, Path(out), samples)
     click.echo(markdown_table(results))
     click.echo(f"wrote {out}/results.json, table.md, pareto.png and sample grids")

@@ -39,6 +39,7 @@ def run_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, 
     from vvs.engines import load_engines
     from vvs.engines.manifest import read_manifest
     from vvs.families.registry import family_of
+    from vvs.memory import folder_weight_bytes
     from vvs.output import RunWriter
     from vvs.runtime.pipeline import as_conditions
     from vvs.tune import tuned_mode_note
@@ -62,7 +63,8 @@ def run_cmd(engine_dir, backend, device, modes, classes, prompts, prompts_file, 
     modes = modes or [pipe.options.name]
     for mode in modes:  # against the model too, before the first image
         pipe.options_for(mode)
-    writer = RunWriter(Path(out), stats_json, save_tokens, overwrite)  # checks every output path before any work
+    writer = RunWriter(Path(out), stats_json, save_tokens, overwrite,  # checks every output path before any work
+                       folder_weight_bytes(Path(engine_dir)))
     try:
         with tqdm(total=len(modes) * len(labels), desc="generate", unit="img", dynamic_ncols=True) as bar:
             for mode in modes:
