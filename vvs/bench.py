@@ -198,8 +198,11 @@ def markdown_table(results: dict) -> str:
         rows.append("| " + " | ".join(cells) + " |")
     note = f"\n{results['scale']}\n" if results.get("scale") else ""
     if "peak_resident_bytes" in results:  # results of earlier versions lack it
-        note += (f"\npeak resident memory {results['peak_resident_bytes'] / 2**30:.2f} GiB (the whole process: "
-                 "sessions, caches and decodes, and the export of a --scale folder made by this run)\n")
+        weights = results.get("weight_bytes")
+        ratio = f", {results['peak_resident_bytes'] / weights:.2f}x the folder's weights" if weights else ""
+        note += (f"\npeak resident memory {results['peak_resident_bytes'] / 2**30:.2f} GiB{ratio} (the whole process: "
+                 "sessions, caches and decodes, and the export of a --scale folder made by this run)"
+                 + (f"; the folder's weights {weights / 2**30:.3f} GiB\n" if weights else "\n"))
     return "\n".join(rows) + "\n" + note
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 import sys
+from pathlib import Path
 
 
 def peak_resident_bytes() -> int:
@@ -19,5 +20,18 @@ def peak_resident_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def describe_peak() -> str:
-    return f"peak resident memory {peak_resident_bytes() / 2**30:.2f} GiB"
+def folder_weight_bytes(folder: Path) -> int:
+    """The bytes of the weights an engine folder's graphs multiply by, each stored copy counted
+    (:func:`vvs.export.shared_weights.weight_bytes`): what its sessions' memory is measured against."""
+    from vvs.engines.manifest import read_manifest
+    from vvs.export.shared_weights import weight_bytes
+
+    manifest = read_manifest(Path(folder))
+    return weight_bytes(Path(folder), [graph["file"] for graph in manifest["graphs"].values()])
+
+
+def describe_peak(weights: int | None = None) -> str:
+    """The peak, and with the folder's ``weights`` (bytes) how many times them the process held at most."""
+    peak = peak_resident_bytes()
+    text = f"peak resident memory {peak / 2**30:.2f} GiB"
+    return text if not weights else text + f" ({peak / weights:.2f}x the folder's {weights / 2**30:.3f} GiB of weights)"

@@ -112,9 +112,11 @@ class RunWriter:
     :meth:`finish` moves the run into place. An interrupted run (:meth:`keep_finished`) keeps its finished images
     in an empty folder, and leaves an earlier run untouched; :meth:`close` discards whatever was not moved."""
 
-    def __init__(self, out: Path, stats_json: str | None, save_tokens: str | None, overwrite: bool = False):
+    def __init__(self, out: Path, stats_json: str | None, save_tokens: str | None, overwrite: bool = False,
+                 weight_bytes: int | None = None):
         self.out = Path(out)
         self.stats_json = Path(stats_json) if stats_json else None
+        self.weight_bytes = weight_bytes  # the engine folder's, which the report sets the peak memory against
         self.save_tokens = Path(save_tokens) if save_tokens else None
         for flag, extra in (("--stats-json", self.stats_json), ("--save-tokens", self.save_tokens)):
             if extra is not None:
@@ -230,11 +232,12 @@ class RunWriter:
                         f"{'-' if agg['acceptance_rate'] is None else format(agg['acceptance_rate'], '.1%'):>9} "
                         f"{agg['seconds_per_image']:8.3f}")
         print("\n".join(rows))
-        print(f"backend {backend}; {describe_peak()}; images and grids in {self.out}/"
+        print(f"backend {backend}; {describe_peak(self.weight_bytes)}; images and grids in {self.out}/"
               + (f", statistics in {self.stats_json}" if self.stats_json else ""))
         if self.stats_json:
             images = [record for b in self.batches for record in b.records]
-            payload = {"backend": backend, "peak_resident_bytes": peak_resident_bytes(), "images": images,
+            payload = {"backend": backend, "peak_resident_bytes": peak_resident_bytes(),
+                       "weight_bytes": self.weight_bytes, "images": images,
                        "aggregate": summary[next(iter(summary))] if len(summary) == 1 else summary}
             atomic_write(self.stats_json, lambda tmp: tmp.write_text(json.dumps(payload, indent=1) + "\n"))
         if self.save_tokens:
