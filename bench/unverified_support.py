@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from vvs.discrete.engines import folder_target  # noqa: E402
 from vvs.engines import load_engines  # noqa: E402
-from vvs.engines.manifest import TORCH_WEIGHTS  # noqa: E402
-from vvs.families.llamagen.loading import load_gpt  # noqa: E402
+from vvs.engines.manifest import read_manifest  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402
 from vvs.runtime.sampling import Processor, cfg_matrix, mix  # noqa: E402
 
@@ -45,7 +45,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(2)
     engines = load_engines(Path(args.engine), "onnxruntime", threads=2)
-    target = load_gpt(Path(args.engine) / TORCH_WEIGHTS["target"])
+    target = folder_target(Path(args.engine), read_manifest(Path(args.engine)))
     pipe = Pipeline(engines, max_batch=8)
     classes = torch.arange(args.images) % target.config.num_classes
     settings = dict(temperature=1.0, top_k=args.top_k, top_p=args.top_p)

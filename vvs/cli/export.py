@@ -66,12 +66,13 @@ def export(model, out, force, backend, compute_capability, max_images, **options
         raise VVSError(f"option --backend {backend}: " + chosen.instead.get(
             backend, f"{chosen.label} folders build {', '.join(chosen.build_backends) or 'no plans'}"))
     if backend != "onnxruntime":  # fail before the export, not after it
+        from vvs.engines.manifest import KERNEL
         from vvs.engines.tensorrt_build import BUILDS_WEIGHT_ONLY, check_build_request, parse_compute_capabilities
 
         for name in ("weights", "drafter_weights"):
             value = options.get(name)
             if value not in (None, "fp32") and value not in BUILDS_WEIGHT_ONLY[backend]:
-                raise VVSError(f"option --{name.replace('_', '-')} {value}: ONNX Runtime's MatMulNBits, which "
+                raise VVSError(f"option --{name.replace('_', '-')} {value}: ONNX Runtime's {KERNEL[value]}, which "
                                f"{backend} does not build; export it for --backend onnxruntime, or without it for "
                                f"{backend}" + (f" (which takes {' or '.join(BUILDS_WEIGHT_ONLY[backend])})"
                                                if BUILDS_WEIGHT_ONLY[backend] else ""))

@@ -10,9 +10,10 @@ import torch
 
 from vvs.discrete.bundle import ModelBundle
 from vvs.discrete.graphs import DraftTreeGraph, build_graphs, draft_tree_spec, graph_specs
+from vvs.discrete.drafter import Drafter, DrafterConfig
 from vvs.discrete.loading import load_drafter
 from vvs.engines.base import EngineSet, folder_graphs
-from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, verify_files
+from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, EngineFolderError, graph_weights, verify_files
 from vvs.engines.torch_backend import TorchEngine
 from vvs.export.spec import DTYPE_NAMES
 from vvs.families.registry import family_of
@@ -178,19 +179,17 @@ def load_torch_folder(folder, device="cpu", threads: int | None = None, cuda_gra
 
     folder = Path(folder)
     manifest = read_manifest(folder)
-    text_files = [name for name in manifest["files"] if name.startswith(f"{TEXT_DIR}/")]
-    weights = [file for name, file in TORCH_WEIGHTS.items() if name in manifest["model"]]
-    verify_files(folder, manifest, weights + [manifest["tables"]["file"]] + text_files)
+    verify_files(folder, manifest)
     if threads:
         torch.set_num_threads(threads)
     arch = family_of(manifest).entry("target_arch")
-    target = arch.load(folder / TORCH_WEIGHTS["target"])
+    target = folder_target(folder, manifest)
     if manifest["precision"] == "int8":  # rebuild the quantized target from the stored calibration
         from vvs.calib.int8 import quantize_target
 
         verify_files(folder, manifest, [CALIBRATION])
         target = quantize_target(target, arch.int8, load_file(folder / CALIBRATION))
-    drafter = load_drafter(folder / TORCH_WEIGHTS["drafter"], target.config) if "drafter" in manifest["model"] else None
+    drafter = folder_drafter(folder, manifest, target.config)
     bundle = ModelBundle(target, drafter, arch.load_vq(folder / TORCH_WEIGHTS["vq"]), manifest["model"]["family"],
                          prompt_tokenizer(folder, manifest))
     dtype = torch.float16 if manifest["precision"] in ("fp16", "int8") else torch.float32
@@ -210,4 +209,45 @@ def quality_instruments(folder: Path, manifest: dict, classifier):
     for the NLL column."""
     from vvs.quality import Instruments
 
-    return Instruments(classifier, family_of(manifest).entry("target_arch").load(Path(folder) / TORCH_WEIGHTS["target"]))
+    return Instruments(classifier, folder_target(Path(folder), manifest))
+
+
+def folder_target(folder: Path, manifest: dict) -> torch.nn.Module:
+    """The folder's target as a torch module (float32): its torch weights where it was exported with them
+    (``--torch-weights``), else the weights its target graphs multiply by, so that a folder holds them once."""
+    arch = family_of(manifest).entry("target_arch")
+    if TORCH_WEIGHTS["target"] in manifest["files"]:
+        return arch.load(Path(folder) / TORCH_WEIGHTS["target"])
+    from vvs.models.inflation import empty_model
+
+    model = empty_model(arch.model, arch.config(**manifest["model"]["target"]))
+    _read_graphs(model, folder, manifest, ("target_prefill", "target_verify"), "target.", "target")
+    return model.eval()
+
+
+def folder_drafter(folder: Path, manifest: dict, target) -> Drafter | None:
+    """The folder's drafter for ``target``'s config, from its torch weights or its draft_tree graph; None without
+    one."""
+    if "drafter" not in manifest["model"]:
+        return None
+    if TORCH_WEIGHTS["drafter"] in manifest["files"]:
+        return load_drafter(Path(folder) / TORCH_WEIGHTS["drafter"], target)
+    model = Drafter(DrafterConfig(**manifest["model"]["drafter"]), target)
+    _read_graphs(model, folder, manifest, ("draft_tree",), "step.drafter.", "drafter")
+    return model.eval()
+
+
+def _read_graphs(model: torch.nn.Module, folder: Path, manifest: dict, graphs: tuple, prefix: str, what: str) -> None:
+    from vvs.export.shared_weights import graph_parameters
+
+    params = dict(model.named_parameters())
+    found = graph_parameters(folder, [manifest["graphs"][g]["file"] for g in graphs], prefix,
+                             {name: tuple(p.shape) for name, p in params.items()})
+    missing = sorted(set(params) - set(found))
+    if missing:
+        raise EngineFolderError(f"{folder}: the {what}'s {missing[0]} cannot be read back from its "
+                                f"{graph_weights(manifest, graphs[0])} graphs for torch; export the folder with "
+                                "--torch-weights")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(found[name])

@@ -23,12 +23,12 @@ from tqdm import tqdm
 from vvs.discrete.bundle import ModelBundle
 from vvs.discrete.drafter import DrafterConfig
 from vvs.discrete.graphs import build_graphs, draft_tree_graph, draft_tree_spec, graph_specs
-from vvs.discrete.loading import load_drafter
-from vvs.engines.manifest import (CALIBRATION, FORMAT, MANIFEST, TABLES, TORCH_WEIGHTS, W8A8_GRAPHS, WEIGHT_ONLY,
+from vvs.engines.manifest import (CALIBRATION, FORMAT, MANIFEST, REWRITTEN, TABLES, TORCH_WEIGHTS, W8A8_GRAPHS,
                                   file_record, graph_spec, graph_weights)
 from vvs.errors import VVSError
 from vvs.export.folder import folder_transaction, tool_versions
 from vvs.export.onnx_export import export_graph
+from vvs.export.shared_weights import WEIGHTS_FILE, share_weights
 from vvs.export.weight_only import HEADLESS
 from vvs.export.spec import DTYPES, GraphSpec
 from vvs.families.registry import family_of
@@ -42,7 +42,7 @@ PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.float1
 TREES = "trees"  # draft_tree graphs of other tree shapes, exported on demand
 TREE_INDEX = "index.json"  # in TREES: the size and sha256 of every file exported there
 PROMPT_TOKENIZER = "tokenizer.json"  # a target's own text tokenizer, where prompts are its input
-WEIGHTS = ("fp32", *WEIGHT_ONLY)  # --weights
+WEIGHTS = ("fp32", *REWRITTEN)  # --weights
 DRAFTER_WEIGHTS = tuple(w for w in WEIGHTS if w not in HEADLESS)  # --drafter-weights
 FLOAT_GRAPHS = ("vq_decode",)  # pixels out of codes: no weight-only form, its convolutions are not MatMuls
 
@@ -51,14 +51,16 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
                   neighbours: int | None = None, decoding_defaults: dict | None = None,
                   extra_model_info: dict | None = None, progress: bool = True, force: bool = False,
                   text_encoder: tuple | None = None, weights: str = "fp32", drafter_weights: str | None = None,
-                  torch_weights: bool = True) -> dict:
+                  torch_weights: bool = False) -> dict:
     """Export ``bundle`` into ``out_dir``; returns the manifest. ``neighbours``: LANTERN neighbours stored per
     code (default: the decoding defaults' ``lantern_k``). ``text_encoder``: a t2i target's ``transformers`` T5
     encoder and tokenizer (:func:`vvs.text.export.load_text_encoder`), exported as the ``text_encode`` graph.
     ``weights="int8"``, ``"int4"`` or ``"int4-head8"``: the constant matrices of the target's and the drafter's
     graphs as ONNX Runtime's ``MatMulNBits`` (:mod:`vvs.export.weight_only`); ``drafter_weights``: the same for the
-    draft_tree graphs alone (None: as ``weights``, int4 for int4-head8). ``torch_weights=False``: the folder runs on the ONNX backends only (a scale
-    folder whose 7B target could not be saved beside its graphs in memory)."""
+    draft_tree graphs alone (None: as ``weights``, int4 for int4-head8). The graphs store each distinct tensor once,
+    in one file (:mod:`vvs.export.shared_weights`); the torch backend reads the target and the drafter back from
+    them, or, with ``torch_weights``, from torch files of their own (a second copy: the only way for an int8
+    folder's, whose graphs hold SmoothQuant's integers)."""
     if precision not in PRECISIONS:
         raise VVSError(f"option precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
     stored = weights_per_graph(weights, drafter_weights, precision, bundle.drafter is not None)
@@ -88,18 +90,19 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
         drafter = bundle.drafter and bundle.drafter.config
         specs = graph_specs(bundle.target.config, drafter, bundle.vq.config, defaults.tree, act)
         graphs = build_graphs(bundle.target, bundle.drafter, bundle.vq, defaults.tree)
-        files: list[Path] = []
+        graph_files: list[Path] = []
         entries = {}
         steps = tqdm(list(specs), desc="export", unit="graph", disable=not progress, dynamic_ncols=True)
         for name in steps:
             steps.set_postfix_str(name)
             written = export_graph(graphs[name], specs[name], work / f"{name}.onnx", vocab,
                                    bundle.target.config.max_positions - 1, PRECISIONS[precision],
-                                   stored[name] if stored[name] in WEIGHT_ONLY else None,
+                                   stored[name] if stored[name] in REWRITTEN else None,
                                    on_meta=not (precision == "int8" and name in W8A8_GRAPHS))
             onnx.checker.check_model(str(written[0]))
-            files += written
+            graph_files.append(written[0])
             entries[name] = {"file": written[0].name, "spec": specs[name].to_dict(), "weights": stored[name]}
+        files = share_weights(work, graph_files)
         if drafter is not None:
             entries["draft_tree"]["tree"] = list(defaults.tree)
         if text_encoder is not None:
@@ -113,10 +116,11 @@ def export_folder(bundle: ModelBundle, out_dir: Path, precision: str = "fp32", m
             tables["null_condition"] = bundle.target.cls_embedding.uncond_embedding.detach().float().contiguous()
         save_file(tables, work / TABLES)
         files.append(work / TABLES)
-        # the torch weights too, so one folder serves every backend (and TensorRT rebuilds need only the ONNX)
+        # the tokenizer's torch weights always: its graph holds only the decoder, and the torch backend and
+        # vvs-bench --scale load the whole model
         for name, model, kind in (("target", source.target, bundle.arch.kind), ("drafter", source.drafter, "drafter"),
                                   ("vq", source.vq, bundle.arch.vq_kind)):
-            if model is not None and torch_weights:
+            if model is not None and (torch_weights or name == "vq"):
                 files.append(save_model(model, work / TORCH_WEIGHTS[name], kind))
         if bundle.tokenizer is not None:  # the target reads prompt ids: its own tokenizer travels with it
             files.append(Path(shutil.copyfile(bundle.tokenizer, work / PROMPT_TOKENIZER)))
@@ -180,7 +184,7 @@ def weights_per_graph(weights: str, drafter_weights: str | None, precision: str,
                        f"({QUANTISED_ON_THE_FLY.format(drafter_weights)})")
     drafter_weights = drafter_weights or HEADLESS.get(weights, weights)
     floating = "fp32" if precision == "fp32" else "fp16"
-    target = "w8a8" if precision == "int8" else weights if weights != "fp32" else floating
+    target = "w8a8-static" if precision == "int8" else weights if weights != "fp32" else floating
     stored = {name: target for name in W8A8_GRAPHS}
     stored["draft_tree"] = drafter_weights if drafter_weights != "fp32" else floating
     stored.update({name: floating for name in FLOAT_GRAPHS})
@@ -188,18 +192,17 @@ def weights_per_graph(weights: str, drafter_weights: str | None, precision: str,
 
 
 def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, GraphSpec]:
-    """The ``draft_tree`` graph of ``tree`` for an engine folder, exported once from the folder's own torch
-    weights into its ``trees/`` subfolder (named after those weights' sha256, so a re-exported folder never picks
-    up a stale graph). Each use checks the graph against the size and sha256 recorded when it was exported, as a
-    folder's own files are checked; a graph that fails (truncated, edited) is exported again."""
+    """The ``draft_tree`` graph of ``tree`` for an engine folder, exported once from the folder's own weights
+    (:func:`~vvs.discrete.engines.folder_target`) into its ``trees/`` subfolder (named after those weights' sha256,
+    so a re-exported folder never picks up a stale graph). Each use checks the graph against the size and sha256
+    recorded when it was exported, as a folder's own files are checked; a graph that fails (truncated, edited) is
+    exported again."""
+    from vvs.discrete.engines import folder_drafter, folder_target
+
     folder = Path(folder)
-    if TORCH_WEIGHTS["target"] not in manifest["files"]:
-        raise VVSError(f"{folder} holds no torch weights to export the draft tree {tree.name} from (a scale folder of a "
-                       "weight-only target); give `vvs-bench --scale` the tree flags of the run, and it exports the "
-                       "folder with that tree")
-    weights = "".join(manifest["files"][TORCH_WEIGHTS[m]]["sha256"][:8] for m in ("target", "drafter"))
+    weights = "".join(manifest["files"][f]["sha256"][:8] for f in source_files(manifest))
     bits = graph_weights(manifest, "draft_tree")
-    path = folder / TREES / f"draft_tree-{tree.name}-{weights}{'-' + bits if bits in WEIGHT_ONLY else ''}.onnx"
+    path = folder / TREES / f"draft_tree-{tree.name}-{weights}{'-' + bits if bits in REWRITTEN else ''}.onnx"
     arch = family_of(manifest).entry("target_arch")
     target = arch.config(**manifest["model"]["target"])
     act = graph_spec(manifest, "draft_tree").inputs[0].dtype
@@ -210,15 +213,24 @@ def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, Gr
     if damage is not None:  # a user should know that a file of their folder changed
         print(f"vvs: {path}: {damage}; exporting it again", file=sys.stderr)
     if damage is not None or not recorded:
-        model = arch.load(folder / TORCH_WEIGHTS["target"])
-        module = draft_tree_graph(model, load_drafter(folder / TORCH_WEIGHTS["drafter"], model.config), tree)
+        model = folder_target(folder, manifest)
+        module = draft_tree_graph(model, folder_drafter(folder, manifest, model.config), tree)
         try:
             _record(path.parent, export_graph(module, spec, path, target.vocab_size, target.max_positions - 1,
-                                              DTYPES[act], bits if bits in WEIGHT_ONLY else None))
+                                              DTYPES[act], bits if bits in REWRITTEN else None))
         except OSError as err:
             raise VVSError(f"{path}: cannot write the draft_tree graph for tree {tree.name} ({err.strerror or err}); "
                            "make the engine folder writable, or export it with this tree as a default") from None
     return path, spec
+
+
+def source_files(manifest: dict) -> list[str]:
+    """The files a folder's torch target and drafter are read from: their torch weights, else the graphs' weights
+    (and the graphs, which say where each tensor lies)."""
+    if TORCH_WEIGHTS["target"] in manifest["files"]:
+        return [TORCH_WEIGHTS[m] for m in ("target", "drafter") if TORCH_WEIGHTS[m] in manifest["files"]]
+    graphs = [manifest["graphs"][g]["file"] for g in ("target_verify", "draft_tree") if g in manifest["graphs"]]
+    return [f for f in manifest["files"] if f == WEIGHTS_FILE or f in graphs or f[:-len(".data")] in graphs]
 
 
 def _tree_index(trees: Path) -> dict:

@@ -41,6 +41,10 @@ EXPORT_OPTIONS = (
     click.Option(["--no-drafter"], is_flag=True,
                  help="Export without a drafter: the folder runs ar, sjd, sjd-pac and gsd. Also what --checkpoint "
                       "without --drafter exports."),
+    click.Option(["--torch-weights"], is_flag=True,
+                 help="Also store the target's and the drafter's torch weights (a second copy of them): the torch "
+                      "backend, vvs-bench --tune's other trees and --scale otherwise read them back from the graphs, "
+                      "which an int8 folder's target graphs (SmoothQuant's integers) do not allow."),
     click.Option(["--max-draft-top-k"], type=click.IntRange(1, 64), default=10, show_default=True,
                  help="Largest --draft-top-k this folder accepts at run time (draft_tree graphs are built per "
                       "tree shape)."),

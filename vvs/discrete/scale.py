@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vvs.engines.manifest import MANIFEST, TORCH_WEIGHTS, WEIGHT_ONLY, graph_weights, read_manifest
+from vvs.engines.manifest import KERNEL, MANIFEST, REWRITTEN, TORCH_WEIGHTS, graph_weights, read_manifest
 from vvs.errors import VVSError
 
 # Bytes per target parameter a scale run holds at its peak, by the target's weights. ONNX Runtime's two target
@@ -36,6 +36,7 @@ SESSION_COPIES = 2.3
 PEAK_BYTES = {"fp32": SESSION_COPIES * 4, "int8": max(2, SESSION_COPIES * (1 + 4 / 32)),
               "int4": max(2, SESSION_COPIES * (0.5 + 4 / 32))}
 PEAK_BYTES["int4-head8"] = PEAK_BYTES["int4"]  # the export's float16 copy bounds both (2 bytes a parameter)
+PEAK_BYTES["w8a8"] = PEAK_BYTES["int8"]  # the same int8 matrices, with a scale per channel instead of per block
 MEMORY_SHARE = 0.8  # of physical memory, the rest for the runtime, the drafter and the operating system
 
 
@@ -85,8 +86,8 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True, tree: dict 
     (``tree_size``, ``depth``, ``draft_top_k``), exported as the folder's own, since a weight-only target is stored
     in float16 for its export and its folder holds no torch weights to export another tree from."""
     from vvs.discrete.bundle import ModelBundle
-    from vvs.discrete.exporter import export_folder
-    from vvs.discrete.loading import load_drafter
+    from vvs.discrete.engines import folder_drafter, folder_target
+    from vvs.discrete.exporter import export_folder, source_files
     from vvs.families.registry import family_of
 
     engine_dir = Path(engine_dir)
@@ -95,10 +96,10 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True, tree: dict 
     arch = family.entry("target_arch")
     inflation = import_module(arch.inflation)
     size, layers = parse_size(size, inflation.SIZES)
-    target = arch.load(engine_dir / TORCH_WEIGHTS["target"])
+    target = folder_target(engine_dir, manifest)
     full = inflation.inflated_config(target.config, size)
     target_bits = graph_weights(manifest, "target_verify")
-    target_bits = target_bits if target_bits in WEIGHT_ONLY else "fp32"
+    target_bits = target_bits if target_bits in REWRITTEN else "fp32"
     if layers is None:
         layers = fitting_depth(arch.model, full, target.config.n_layer, physical_memory(), target_bits)
         if layers is None:
@@ -109,13 +110,12 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True, tree: dict 
     elif not target.config.n_layer <= layers <= full.n_layer:
         raise VVSError(f"option --scale {size}:{layers}: take {target.config.n_layer} (the source's depth) to "
                        f"{full.n_layer} layers")
-    has_drafter = TORCH_WEIGHTS["drafter"] in manifest["files"]
-    weights = ("target", "drafter", "vq") if has_drafter else ("target", "vq")
-    source = {name: manifest["files"][TORCH_WEIGHTS[name]]["sha256"] for name in weights}
+    has_drafter = "drafter" in manifest["model"]
+    source = {name: manifest["files"][name]["sha256"] for name in (*source_files(manifest), TORCH_WEIGHTS["vq"])}
     if has_drafter:
         bits = graph_weights(manifest, "draft_tree")
-        source["drafter_weights"] = bits if bits in WEIGHT_ONLY else "fp32"
-    half = target_bits in WEIGHT_ONLY
+        source["drafter_weights"] = bits if bits in REWRITTEN else "fp32"
+    half = target_bits in REWRITTEN
     defaults = manifest["decoding_defaults"]
     if half:  # only then, so earlier scale folders still match
         source["weights"] = target_bits
@@ -124,7 +124,7 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True, tree: dict 
     per_layer, rest = call_parameters(arch.model, full)
     inflated = {"size": size, "layers": layers, "official_layers": full.n_layer,
                 "target_time_scale": (rest + full.n_layer * per_layer) / (rest + layers * per_layer),
-                "source": source, "source_folder": str(engine_dir.resolve())}
+                "source": source, "source_folder": engine_dir.resolve().name}
     out = engine_dir.parent / f"{engine_dir.name}-scale" / (size if layers == full.n_layer else f"{size}-{layers}")
     if (out / MANIFEST).is_file():
         try:
@@ -133,7 +133,7 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True, tree: dict 
         except VVSError:  # exported by another version of vvs: export it again
             pass
     tokenizer = engine_dir / manifest["prompts"]["tokenizer"] if manifest.get("prompts") else None
-    drafter = load_drafter(engine_dir / TORCH_WEIGHTS["drafter"], target.config) if has_drafter else None
+    drafter = folder_drafter(engine_dir, manifest, target.config)
     bundle = ModelBundle(target, drafter, arch.load_vq(engine_dir / TORCH_WEIGHTS["vq"]), arch.family, tokenizer)
     try:
         bundle = inflation.inflate_bundle(bundle, size, layers, dtype=torch.float16 if half else torch.float32)
@@ -145,7 +145,7 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True, tree: dict 
     export_folder(bundle, out, precision=manifest["precision"], weights=target_bits,
                   drafter_weights=None if half else source.get("drafter_weights"), decoding_defaults=defaults,
                   neighbours=manifest["tables"]["neighbours_per_code"], extra_model_info=info, progress=progress,
-                  force=True, torch_weights=not half)
+                  force=True)
     return out
 
 
@@ -166,6 +166,6 @@ def describe(manifest: dict) -> str | None:
             f"wide with the {t.vocab_size}-row head vvs runs at that size, a one-layer drafter of its width) with the "
             f"acceptance of {inflated['source_folder']}'s pair, whose {len(t.sampled_ids)} codes are the only ones "
             "sampled"
-            + (f"; the target's and the drafter's weights {target_bits} (ONNX Runtime's MatMulNBits)"
+            + (f"; the target's and the drafter's weights {target_bits} (ONNX Runtime's {KERNEL[target_bits]})"
                if target_bits != "fp32" else
-               f"; the drafter's weights {bits} (ONNX Runtime's MatMulNBits)" if bits != "fp32" else "") + depth)
+               f"; the drafter's weights {bits} (ONNX Runtime's {KERNEL[bits]})" if bits != "fp32" else "") + depth)

@@ -41,6 +41,7 @@ class EngineFolderError(VVSError):
 GRAPH_WEIGHTS = ("fp32", "fp16", "bf16", "w8a8-static", "int8", "int4", "int4-head8", "w8a8")
 WEIGHT_ONLY = ("int8", "int4", "int4-head8")
 REWRITTEN = (*WEIGHT_ONLY, "w8a8")  # written by rewriting a float32 graph's MatMuls (vvs-export --weights)
+KERNEL = {**dict.fromkeys(WEIGHT_ONLY, "MatMulNBits"), "w8a8": "MatMulInteger"}  # ONNX Runtime's, by format
 W8A8_GRAPHS = ("target_prefill", "target_verify")  # what --precision int8 quantizes
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import onnx
 
-from vvs.engines.manifest import (MANIFEST, REWRITTEN, WEIGHT_ONLY, file_record, graph_weights, read_manifest,
+from vvs.engines.manifest import (KERNEL, MANIFEST, REWRITTEN, WEIGHT_ONLY, file_record, graph_weights, read_manifest,
                                   verify_files)
 from vvs.errors import VVSError
 from vvs.families.registry import family_of
@@ -160,8 +160,7 @@ def check_weight_only(fl: Flavour, manifest: dict) -> None:
         if weights in REWRITTEN and weights not in BUILDS_WEIGHT_ONLY[fl.name]:
             option = "--drafter-weights" if name == "draft_tree" else "--weights"
             builds = " or ".join(f"{w} with --backend {f}" for f, ws in BUILDS_WEIGHT_ONLY.items() for w in ws)
-            kind = "MatMulInteger" if weights == "w8a8" else "MatMulNBits"
-            raise BuildError(f"{name}: its {weights} weights are ONNX Runtime's {kind}, which {fl.label} does "
+            raise BuildError(f"{name}: its {weights} weights are ONNX Runtime's {KERNEL[weights]}, which {fl.label} does "
                              f"not build; export the folder with {option} fp32 (or {builds}) for {fl.label}")
 
 

@@ -48,4 +48,5 @@ def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
     else:
         defaults, extra = SAMPLING, {"source": folder_name(o["checkpoint"])}
     return export_folder(bundle, out, o["precision"], o["max_draft_top_k"], o["lantern_k"], defaults, extra,
-                         force=force, weights=o["weights"], drafter_weights=o["drafter_weights"])
+                         force=force, weights=o["weights"], drafter_weights=o["drafter_weights"],
+                         torch_weights=o["torch_weights"])

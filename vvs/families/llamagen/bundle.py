@@ -76,4 +76,5 @@ def export_from_options(options: dict, out: Path, force: bool, echo) -> dict:
 
         encoder = load_text_encoder(text_encoder, bundle.target.config.caption_dim)
     return export_folder(bundle, out, o["precision"], o["max_draft_top_k"], o["lantern_k"], defaults, extra,
-                         force=force, text_encoder=encoder, weights=o["weights"], drafter_weights=o["drafter_weights"])
+                         force=force, text_encoder=encoder, weights=o["weights"], drafter_weights=o["drafter_weights"],
+                         torch_weights=o["torch_weights"])
