@@ -32,7 +32,8 @@ def prefilled(engines, conditions, cfg: float):
     C, N = engines.target.cls_token_num, engines.target.num_image_tokens
     rows = torch.cat([conditions, engines.conditioning.null(engines, conditions, None)[0]])
     mask = torch.ones(len(rows), 1, C, C, dtype=torch.bool).tril()
-    first = engines.graphs["target_prefill"].run(condition=rows, attn_mask=mask, cfg_mix=cfg_matrix(len(conditions), cfg))
+    first = engines.graphs["target_prefill"].run(condition=rows, attn_mask=mask,
+                                                 cfg_mix=cfg_matrix(len(conditions), cfg))
     new_kv = first["new_kv"]
     kv = torch.zeros(*new_kv.shape[:4], C + N + 1, new_kv.shape[-1], dtype=new_kv.dtype)
     kv[..., :C, :] = new_kv

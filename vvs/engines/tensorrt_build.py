@@ -160,8 +160,8 @@ def check_weight_only(fl: Flavour, manifest: dict) -> None:
         if weights in REWRITTEN and weights not in BUILDS_WEIGHT_ONLY[fl.name]:
             option = "--drafter-weights" if name == "draft_tree" else "--weights"
             builds = " or ".join(f"{w} with --backend {f}" for f, ws in BUILDS_WEIGHT_ONLY.items() for w in ws)
-            raise BuildError(f"{name}: its {weights} weights are ONNX Runtime's {KERNEL[weights]}, which {fl.label} does "
-                             f"not build; export the folder with {option} fp32 (or {builds}) for {fl.label}")
+            raise BuildError(f"{name}: its {weights} weights are ONNX Runtime's {KERNEL[weights]}, which {fl.label} "
+                             f"does not build; export the folder with {option} fp32 (or {builds}) for {fl.label}")
 
 
 def dequantized_copy(path: Path, out: Path, to_float: bool) -> Path:
