@@ -255,6 +255,11 @@ def test_vvs_bench_bad_arguments(folder, tmp_path, capsys, monkeypatch, args, me
                                           "vvs-uniform"),
     (["--mode", "vvs-dynamic", "--skip-interval", "3"], "option --skip-interval: applies to mode vvs-uniform only"),
     (["--tree-size", "5000"], "option --tree-size 5000: must be in [2, 512]"),
+    # the folder's own bounds too, as its manifest states them
+    (["--depth", "16"], "option --depth 16: must be below the image's 16 tokens"),
+    (["--mode", "sjd", "--window", "100"], "option --window 100: must be at most the image's 16 tokens"),
+    (["--draft-top-k", "11"], "option --draft-top-k 11: the engine folder accepts draft trees with at most 10 "
+                              "children per node"),
     (["--backend", "tensorrt"], "TensorRT plans run on an NVIDIA GPU and none is available here"),
     (["--mode", "ar,vvs", "--sweep", "skip_interval=3,0"], "option --sweep skip_interval=0: must be >= 1"),
 ])

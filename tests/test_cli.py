@@ -117,18 +117,6 @@ def test_help_of_the_package_points_to_its_entry_points():
         assert name in text
 
 
-def test_help_shows_each_llamagen_script_s_published_sampling():
-    """LlamaGen's class-conditional script samples with guidance 4 and top-k 2000, its text-to-image one with 7.5
-    and 1000; the help showed the latter alone."""
-    from vvs.cli.run import run_cmd
-
-    helps = {p.name: p.help for p in run_cmd.params}
-    assert helps["cfg_scale"].endswith("(published: LlamaGen c2i 4.0 / t2i 7.5, MAR 1.0, Janus-Pro 5.0, "
-                                       "Lumina-mGPT 3.0).")
-    assert helps["top_k"].endswith("(published: LlamaGen c2i 2000 / t2i 1000, Janus-Pro 0, Lumina-mGPT 2000).")
-    assert helps["draft_top_k"].endswith("(published: LlamaGen 10, Janus-Pro 10, Lumina-mGPT 10).")  # one value
-
-
 INT4_MANIFEST = {"precision": "fp32", "files": {"torch_target.safetensors": {}},
                  "graphs": {"target_prefill": {"weights": "int4"}, "target_verify": {"weights": "int4"},
                             "draft_tree": {"weights": "int4"}, "vq_decode": {"weights": "fp32"}}}

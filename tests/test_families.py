@@ -202,14 +202,19 @@ def test_help_says_shared_modes_once_and_each_familys_published_defaults(capsys,
     (Janus-Pro guidance 5, Lumina-mGPT top-k 2000) is shown as its own, not LlamaGen's; every scale size is listed."""
     import importlib
 
-    main = importlib.import_module(f"vvs.cli.{command}").main
-    code, out, _ = run_cli(main, ["--help"], capsys, monkeypatch)
+    module = importlib.import_module(f"vvs.cli.{command}")
+    code, out, _ = run_cli(module.main, ["--help"], capsys, monkeypatch)
     flat = " ".join(out.split())
     assert code == 0
     assert flat.count("sjd-pac-official walks SJD-PAC's tree") == 1, flat
     assert "LlamaGen, Janus-Pro and Lumina-mGPT folders: ar, sd" in flat
-    assert "LlamaGen 7.5, MAR 1.0, Janus-Pro 5.0, Lumina-mGPT 3.0" in flat  # --cfg
-    assert "LlamaGen 1000, Janus-Pro 0, Lumina-mGPT 2000" in flat  # --top-k
+    # LlamaGen's class-conditional script samples with guidance 4 and top-k 2000, its text-to-image one with 7.5 and
+    # 1000 (the help showed the latter alone); read from the options, since the help wraps lines at hyphens
+    helps = {p.name: p.help for p in getattr(module, f"{command}_cmd").params}
+    assert helps["cfg_scale"].endswith("(published: LlamaGen c2i 4.0 / t2i 7.5, MAR 1.0, Janus-Pro 5.0, "
+                                       "Lumina-mGPT 3.0).")
+    assert helps["top_k"].endswith("(published: LlamaGen c2i 2000 / t2i 1000, Janus-Pro 0, Lumina-mGPT 2000).")
+    assert helps["draft_top_k"].endswith("(published: LlamaGen 10, Janus-Pro 10, Lumina-mGPT 10).")  # one value
     if command == "bench":
         for family in FAMILIES.values():
             assert all(size in flat for size in family.scale_sizes), family.name

@@ -150,16 +150,25 @@ def family_overrides(decoding: dict, family: Family) -> dict:
 
 def check_before_loading(manifest: dict, modes: list[str], overrides: dict, backend: str, device: str | None):
     """What vvs-run and vvs-bench check before anything is loaded (or, with --scale, inflated): every mode's options
-    through the check every request takes (:func:`~vvs.runtime.options.check_request`), and that this machine runs
-    the folder on ``backend``. Returns the folder's defaults."""
+    (:func:`check_folder_request`), and that this machine runs the folder on ``backend``. Returns the folder's
+    defaults."""
     from vvs.engines import check_backend  # here: it imports torch, which --help and usage errors never need
+    from vvs.families.registry import family_of
+
+    defaults = family_of(manifest).options.from_dict(manifest["decoding_defaults"])
+    check_folder_request(manifest, backend, defaults, modes, overrides)
+    check_backend(manifest, backend, device)
+    return defaults
+
+
+def check_folder_request(manifest: dict, backend: str, defaults, modes: list[str], given: dict) -> None:
+    """The check every request takes (:func:`~vvs.runtime.options.check_request`), then each mode's options
+    against the folder's bounds as its manifest states them (its family's ``check_options``)."""
     from vvs.families.registry import family_of
     from vvs.runtime.options import check_request
 
-    defaults = family_of(manifest).options.from_dict(manifest["decoding_defaults"])
-    check_request(defaults, modes, overrides)
-    check_backend(manifest, backend, device)
-    return defaults
+    for opts in check_request(defaults, modes, given):
+        family_of(manifest).call("check_options", manifest, backend, opts)
 
 
 def backend_notice(manifest: dict, backend: str) -> None:

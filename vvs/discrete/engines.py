@@ -12,7 +12,7 @@ from vvs.discrete.bundle import ModelBundle
 from vvs.discrete.graphs import DraftTreeGraph, build_graphs, draft_tree_spec, graph_specs
 from vvs.discrete.drafter import Drafter, DrafterConfig
 from vvs.discrete.loading import load_drafter
-from vvs.engines.base import EngineSet, folder_graphs
+from vvs.engines.base import EngineSet, check_fit, folder_graphs
 from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, EngineFolderError, graph_weights, verify_files
 from vvs.engines.torch_backend import TorchEngine
 from vvs.export.spec import DTYPE_NAMES
@@ -38,6 +38,13 @@ def load_engines(folder: Path, manifest: dict, backend: str, device: str | None,
 
     default = "cuda" if torch.cuda.is_available() and "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
     return load_onnxruntime(folder, device or default, threads=threads)
+
+
+def check_folder_options(manifest: dict, backend: str, opts: DecodeOptions) -> None:
+    """What :meth:`EngineSet.check_options` checks, from the folder's manifest alone (before anything is loaded)."""
+    target = family_of(manifest).entry("target_arch").config(**manifest["model"]["target"])
+    neighbours = None if backend == "torch" else manifest["tables"]["neighbours_per_code"]
+    check_fit(opts, target, "draft_tree" in manifest["graphs"], manifest["max_draft_top_k"], backend, neighbours)
 
 
 def engine_set(backend: str, folder: Path, manifest: dict, graphs: dict, device) -> EngineSet:

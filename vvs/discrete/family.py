@@ -120,6 +120,7 @@ def discrete_family(*, name: str, label: str, summary: str, package: str, target
         export=f"{package}.bundle:export_from_options",
         check_export=f"{D}.exporter:check_options",
         load_engines=f"{D}.engines:load_engines",
+        check_options=f"{D}.engines:check_folder_options",
         pipeline="vvs.runtime.pipeline:Pipeline",
         instruments=f"{D}.engines:quality_instruments",
         tensorrt_profiles=f"{D}.exporter:tensorrt_profiles",

@@ -43,6 +43,23 @@ class Engine(Protocol):
     def run(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]: ...
 
 
+def check_fit(opts, target, has_drafter: bool, max_draft_top_k: int, backend: str, neighbours: int | None) -> None:
+    """Options that fit a model and its folder's graphs on ``backend`` (:meth:`DecodeOptions.check_model`), and a
+    LANTERN k within the ``neighbours`` per code the folder stores (None: no bound). An engine set checks its own;
+    the commands check a folder's, as its manifest states them, before loading it."""
+    if opts.uses_drafter and not has_drafter:
+        raise OptionsError.bad("mode", opts.mode, "this engine folder has no drafter; it runs ar, sjd, sjd-pac "
+                                                  "and gsd (export it with a drafter for sd, lantern and vvs)")
+    opts.check_model(target.vocab_size, target.num_image_tokens, max_draft_top_k)
+    if backend.startswith("tensorrt") and opts.top_p < 1.0 and TOPK_LIMIT < opts.top_k < target.vocab_size:
+        raise OptionsError.bad("top_k", opts.top_k, f"with top_p below 1 the drafter selects the top-k survivors, "
+                                                    f"and TensorRT selects at most {TOPK_LIMIT}; lower top_k or "
+                                                    "run on --backend onnxruntime")
+    if opts.relaxed and neighbours is not None and opts.lantern_k > neighbours:
+        raise OptionsError.bad("lantern_k", opts.lantern_k, f"the engine folder stores {neighbours} neighbours per "
+                                                            "code; re-export with a larger --lantern-k")
+
+
 @dataclass
 class EngineSet:
     backend: str
@@ -104,20 +121,8 @@ class EngineSet:
         return "draft_tree" in self.graphs
 
     def check_options(self, opts) -> None:
-        """Options that fit this model and these graphs (:meth:`DecodeOptions.check_model`), and a LANTERN k
-        within the neighbour table an exported folder stores."""
-        if opts.uses_drafter and not self.has_drafter:
-            raise OptionsError.bad("mode", opts.mode, "this engine folder has no drafter; it runs ar, sjd, sjd-pac "
-                                                      "and gsd (export it with a drafter for sd, lantern and vvs)")
-        opts.check_model(self.target.vocab_size, self.target.num_image_tokens, self.max_draft_top_k)
-        if self.backend.startswith("tensorrt") and opts.top_p < 1.0 and TOPK_LIMIT < opts.top_k < self.target.vocab_size:
-            raise OptionsError.bad("top_k", opts.top_k, f"with top_p below 1 the drafter selects the top-k survivors, "
-                                                        f"and TensorRT selects at most {TOPK_LIMIT}; lower top_k or "
-                                                        "run on --backend onnxruntime")
         stored = None if self.neighbour_table is None or self.backend == "torch" else self.neighbour_table.shape[1]
-        if opts.relaxed and stored is not None and opts.lantern_k > stored:
-            raise OptionsError.bad("lantern_k", opts.lantern_k, f"the engine folder stores {stored} neighbours per "
-                                                                "code; re-export with a larger --lantern-k")
+        check_fit(opts, self.target, self.has_drafter, self.max_draft_top_k, self.backend, stored)
 
     def draft_tree(self, tree: TreeShape) -> Engine:
         """The ``draft_tree`` engine that grows trees of this shape."""

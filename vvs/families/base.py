@@ -47,6 +47,7 @@ class Family:
     pipeline: str  # (engines, max_batch=...) -> generate / options_for / decode / close
     instruments: str  # (folder, manifest, classifier) -> vvs.quality.Instruments
     tensorrt_profiles: str  # (manifest, graph name, max_images) -> [{input: (min, opt, max)}]
+    check_options: str  # (manifest, backend, options): the folder's bounds, from its manifest, before it loads
     build_backends: tuple[str, ...] = ("tensorrt", "tensorrt-rtx")  # what ``vvs-export --backend`` may also build
     run_backends: tuple[str, ...] = ("onnxruntime", "torch", "tensorrt", "tensorrt-rtx")
     # optional abilities: an entry point, or None

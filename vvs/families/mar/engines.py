@@ -41,6 +41,11 @@ class MAREngineSet:
         pass
 
 
+def check_folder_options(manifest: dict, backend: str, opts: MAROptions) -> None:
+    """What :meth:`MAREngineSet.check_options` checks, from the folder's manifest alone (before anything is loaded)."""
+    opts.check_model(MARConfig(**manifest["model"]["target"]).seq_len)
+
+
 def check_pair(target: MARConfig, draft: MARConfig) -> None:
     """Draft and target share each token's noise, so they must agree on what a token and its sampler are."""
     for name in ("seq_len", "token_embed_dim", "class_num", "num_sampling_steps", "patch_size"):

@@ -47,6 +47,7 @@ FAMILY = Family(
     pipeline=f"{M}.pipeline:MARPipeline",
     instruments=f"{M}.engines:quality_instruments",
     tensorrt_profiles=f"{M}.exporter:tensorrt_profiles",
+    check_options=f"{M}.engines:check_folder_options",
     build_backends=("tensorrt-rtx",),
     run_backends=("onnxruntime", "torch"),
     train_commands=(f"{M}.commands:train_mar_cmd",),
