@@ -72,7 +72,9 @@ def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: in
         if name in sources and getattr(value.const_value, "raw", None) is not None and value.const_value.raw.is_meta:
             value.const_value = lazy_weight(sources[name], value)
     fold_lazily(model.graph)
+    stored = {name: value for name, value in model.graph.initializers.items() if name in sources}
     program.optimize()
+    keep_names(program.model.graph, stored)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     data = path.with_name(path.name + ".data")
@@ -80,9 +82,21 @@ def export_graph(module: torch.nn.Module, spec: GraphSpec, path: Path, vocab: in
     ir.save(program.model, tmp, external_data=data.name if large else None)
     proto = onnx.load(str(tmp), load_external_data=False)
     rename_dims(proto, spec)
+    for node in proto.graph.node:  # torch's trace of each node (stack, scopes): 90 % of a graph file's bytes
+        del node.metadata_props[:]
     onnx.save_model(proto, tmp)
     os.replace(tmp, path)
     return [path, data] if large else [path]
+
+
+def keep_names(graph: ir.Graph, stored: dict[str, ir.Value]) -> None:
+    """Give back to ``graph`` each parameter the optimiser merged into an equal one (two norms of ones), unused: a
+    folder's torch backend reads every parameter back from the graphs by its name, and the folder's weights file
+    stores equal tensors once, so the name costs no bytes there."""
+    for name, value in stored.items():
+        if name not in graph.initializers:
+            graph.register_initializer(ir.Value(name=name, shape=value.shape, type=value.type,
+                                                const_value=value.const_value))
 
 
 def module_arguments(spec: GraphSpec, values: tuple[torch.Tensor, ...], device: str) -> tuple[tuple, tuple]:
