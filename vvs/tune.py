@@ -126,10 +126,10 @@ def measure_trees(pipe: Pipeline, classes: torch.Tensor, base: dict, candidates=
 
 def measure_windows(pipe: Pipeline, classes: torch.Tensor, mode: str, candidates: list[dict], seed: int = 0):
     """Per candidate of a window mode (its index in ``candidates``), on a few images: (target forwards per image,
-    the runtime's own seconds per forward, outside the graphs)."""
+    the runtime's own seconds per forward, outside the graphs). No warm-up decode, as the trees have: a window's
+    graph time is read from the verify-cost curve, not from these decodes."""
     out = {}
     for i, options in enumerate(candidates):
-        pipe.generate(classes[:1], seed=seed, decode_images=False, mode=mode, **options)  # warm-up
         g = pipe.generate(classes, seed=seed, decode_images=False, mode=mode, **options)
         forwards = sum(s.target_forwards for s in g.stats)
         out[i] = (forwards / len(g.stats), sum(s.other_seconds for s in g.stats) / forwards)
