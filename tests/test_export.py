@@ -266,8 +266,8 @@ def test_a_quantised_drafter_runs_on_onnxruntime_and_changes_no_exact_token(bund
     pipe = Pipeline(engines)
     for tree in (None, other):
         shape = {} if tree is None else dict(tree_size=tree.tree_size, depth=tree.depth, draft_top_k=tree.draft_top_k)
-        ar, sd = (pipe.generate([1, 3], mode=mode, temperature=0, cfg_scale=2.0, decode_images=False, **shape)
-                  for mode in ("ar", "sd"))
+        ar = pipe.generate([1, 3], mode="ar", temperature=0, cfg_scale=2.0, decode_images=False)
+        sd = pipe.generate([1, 3], mode="sd", temperature=0, cfg_scale=2.0, decode_images=False, **shape)
         assert torch.equal(ar.tokens, sd.tokens)
     with pytest.raises(BuildError, match="its int8 weights .* export the folder with --drafter-weights fp32"):
         build_folder(tmp_path / "f", "tensorrt-rtx")
