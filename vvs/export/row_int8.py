@@ -19,7 +19,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir import convenience
 
-from vvs.export.weight_only import stored_matrix
+from vvs.export.weight_only import output_head, stored_matrix
 
 LEVELS = 127  # symmetric codes -127..127: -128 is never used, so negating a code cannot overflow
 ZERO_POINT = 128  # of the uint8 activation codes
@@ -30,9 +30,12 @@ def as_matmul_integer(graph: ir.Graph, read: Callable[[str], np.ndarray], weight
     """Rewrite each MatMul of ``graph`` by a stored matrix named in ``weights`` (an initialiser ``[K, N]``, or the
     transpose of one ``[N, K]``) as per-row activation codes -> ``MatMulInteger`` -> int32 -> float, times the
     row's and the channel's scales. Other constant matrices stay float: RoPE's pair swap only moves and negates
-    elements, and quantising its input would add error for nothing. An activation several matrices multiply (the
+    elements, and quantising its input would add error for nothing. So does the output head of a graph with
+    logits (:func:`~vvs.export.weight_only.output_head`): its error moves every logit directly and guidance
+    multiplies it, and it is a small share of a 1B-7B target (Janus-Pro-7B: 67M of 7B). An activation several matrices multiply (the
     query, key and value projections) is quantised once. ``read(name)`` gives an initialiser's float32 values,
     only as the file is written."""
+    head = output_head(graph)
     rows: dict[str, tuple[ir.Value, ir.Value]] = {}  # activation name -> (codes, scale)
     matrices: dict[str, tuple[ir.Value, ir.Value]] = {}  # matrix name -> (int8 codes [K, N], scales [N])
     for node in list(graph):
@@ -42,7 +45,7 @@ def as_matmul_integer(graph: ir.Graph, read: Callable[[str], np.ndarray], weight
         if stored is None:
             continue
         matrix, transpose = stored
-        if matrix.name not in weights:
+        if matrix.name not in weights or node in head:
             continue
         x = node.inputs[0]
         if x.name not in rows:
