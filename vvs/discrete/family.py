@@ -24,13 +24,17 @@ EXPORT_OPTIONS = (
                  help="fp16: half-precision graphs, the VQ decoder included (RMSNorm, RoPE and the logits stay "
                       "fp32). int8: SmoothQuant W8A8 Q/DQ on the target's block linear layers, calibrated "
                       "on the model's own samples, in an otherwise fp16 graph (the drafter is never quantized)."),
-    click.Option(["--weights"], type=click.Choice(["fp32", "int8", "int4", "int4-head8"]), default="fp32",
+    click.Option(["--weights"], type=click.Choice(["fp32", "int8", "int4", "int4-head8", "w8a8"]), default="fp32",
                  show_default=True,
                  help="int8 / int4: every constant matrix of the target's and the drafter's graphs (the heads "
                       "included; not the image decoder) as ONNX Runtime's block-wise MatMulNBits, with no float32 "
                       "copy at run time: a quarter (an eighth) of the weights' memory and bytes streamed per call. "
                       "int4-head8: int4, but the target's output head int8 (logits nearer float32's, for a few MB). "
-                      "Exact modes sample the quantised target's distribution exactly. The torch backend runs the "
+                      "w8a8: int8 weights per channel times activations quantised to int8 per row in the graph "
+                      "(MatMulInteger; the output head float32): a many-position call (a window, a tree) costs "
+                      "little more than a step on CPUs with AVX-512 VNNI or AMX. Exact modes sample exactly the "
+                      "distribution of the call that verifies; a quantised position's logits can differ slightly "
+                      "between a step and a window (docs/usage.md, Exactness). The torch backend runs the "
                       "float32 models; --backend tensorrt-rtx builds int4 and int4-head8 (the drafter's plan from "
                       "the same values in float32), TensorRT refuses them. Needs --precision fp32."),
     click.Option(["--drafter-weights"], type=click.Choice(["fp32", "int8", "int4"]), default=None,
