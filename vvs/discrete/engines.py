@@ -1,7 +1,7 @@
 """The engine sets of the discrete-token families (their target architecture comes from the manifest's family,
-:mod:`vvs.discrete.arch`): the torch modules of a bundle, or an engine folder on ONNX
-Runtime, TensorRT or the torch backend, each as the :class:`~vvs.engines.base.EngineSet` the shared speculative
-loop runs on."""
+:mod:`vvs.discrete.arch`): the torch modules of a bundle, or an engine folder on ONNX Runtime, OpenVINO,
+TensorRT or the torch backend, each as the :class:`~vvs.engines.base.EngineSet` the shared speculative loop runs
+on."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,6 +31,8 @@ def load_engines(folder: Path, manifest: dict, backend: str, device: str | None,
         backend = ready_flavour(manifest) or "onnxruntime"
     if backend in ("tensorrt", "tensorrt-rtx"):
         return load_tensorrt(folder, device or "cuda", cuda_graphs=cuda_graphs, backend=backend)
+    if backend == "openvino":
+        return load_openvino(folder, device, threads)
     if backend == "torch":
         return load_torch_folder(folder, device or ("cuda" if torch.cuda.is_available() else "cpu"),
                                  threads=threads, cuda_graphs=cuda_graphs)
@@ -98,6 +100,23 @@ def load_onnxruntime(folder: str | Path, device: str = "cpu", threads: int | Non
     options = session_options(threads)
     if engines.has_drafter:
         engines.tree_loader = lambda tree: open_session(*export_tree(folder, manifest, tree), device, options=options)
+    return engines
+
+
+def load_openvino(folder: str | Path, device: str | None = None, threads: int | None = None) -> EngineSet:
+    import openvino as ov
+
+    from vvs.discrete.exporter import export_tree
+    from vvs.engines.manifest import read_manifest
+    from vvs.engines.openvino_backend import check_device, open_graphs, open_model
+
+    folder, device = Path(folder), check_device(device)
+    manifest = read_manifest(folder)
+    engines = engine_set("openvino", folder, manifest, open_graphs(folder, manifest, folder_graphs(manifest), threads),
+                         device)
+    if engines.has_drafter:
+        core = ov.Core()
+        engines.tree_loader = lambda tree: open_model(core, *export_tree(folder, manifest, tree), threads)
     return engines
 
 

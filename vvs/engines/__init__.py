@@ -1,4 +1,4 @@
-"""Backends behind one interface (:class:`~vvs.engines.base.Engine`): torch, ONNX Runtime, TensorRT."""
+"""Backends behind one interface (:class:`~vvs.engines.base.Engine`): torch, ONNX Runtime, OpenVINO, TensorRT."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +7,7 @@ import torch
 
 from vvs.errors import VVSError
 
-BACKENDS = ("auto", "onnxruntime", "torch", "tensorrt", "tensorrt-rtx")
+BACKENDS = ("auto", "onnxruntime", "openvino", "torch", "tensorrt", "tensorrt-rtx")
 
 
 def load_engines(folder: str | Path, backend: str = "auto", device: str | None = None,

@@ -49,7 +49,7 @@ class Family:
     tensorrt_profiles: str  # (manifest, graph name, max_images) -> [{input: (min, opt, max)}]
     check_options: str  # (manifest, backend, options): the folder's bounds, from its manifest, before it loads
     build_backends: tuple[str, ...] = ("tensorrt", "tensorrt-rtx")  # what ``vvs-export --backend`` may also build
-    run_backends: tuple[str, ...] = ("onnxruntime", "torch", "tensorrt", "tensorrt-rtx")
+    run_backends: tuple[str, ...] = ("onnxruntime", "openvino", "torch", "tensorrt", "tensorrt-rtx")
     # optional abilities: an entry point, or None
     # a discrete-token family's target architecture (vvs.discrete.arch.TargetArch), which the shared graphs,
     # exporter and engine sets build on; None for a family with its own (MAR)

@@ -1,5 +1,5 @@
 """MAR engine sets: the seven graphs of :mod:`vvs.families.mar.graphs` behind the same :class:`Engine` interface as
-the LlamaGen graphs, on the torch backend (eager modules) or ONNX Runtime (an engine folder)."""
+the LlamaGen graphs, on the torch backend (eager modules), or ONNX Runtime or OpenVINO (an engine folder)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -83,8 +83,8 @@ def tokenizer_from_manifest(folder: Path, record: dict) -> nn.Module:
 
 def load_mar_folder(folder: str | Path, manifest: dict | None = None, backend: str = "onnxruntime",
                     device: str | None = None, threads: int | None = None, cuda_graphs: bool = False) -> MAREngineSet:
-    """A MAR engine folder on ONNX Runtime (also for ``auto``) or the torch backend. ``cuda_graphs`` is not
-    used: MAR's step shapes change every step."""
+    """A MAR engine folder on ONNX Runtime (also for ``auto``), OpenVINO or the torch backend. ``cuda_graphs`` is
+    not used: MAR's step shapes change every step."""
     from vvs.engines.manifest import read_manifest, verify_files
     from vvs.engines.onnxruntime_backend import open_graphs
     from vvs.families.mar.loading import load_mar
@@ -99,10 +99,16 @@ def load_mar_folder(folder: str | Path, manifest: dict | None = None, backend: s
         return torch_mar_engines(load_mar(folder / TORCH_WEIGHTS["target"]), load_mar(folder / TORCH_WEIGHTS["draft"]),
                                  tokenizer_from_manifest(folder, model["tokenizer"]), model["image_size"],
                                  device or "cpu", manifest["decoding_defaults"])
-    dev = torch.device(device or "cpu")
-    return MAREngineSet("onnxruntime", MARConfig(**model["target"]), MARConfig(**model["draft"]),
-                        open_graphs(folder, manifest, MAR_GRAPHS, dev, threads), dev, model["image_size"],
-                        manifest["decoding_defaults"])
+    if backend == "openvino":
+        from vvs.engines.openvino_backend import check_device, open_graphs as open_openvino
+
+        dev = check_device(device)
+        graphs = open_openvino(folder, manifest, MAR_GRAPHS, threads)
+    else:
+        dev = torch.device(device or "cpu")
+        backend, graphs = "onnxruntime", open_graphs(folder, manifest, MAR_GRAPHS, dev, threads)
+    return MAREngineSet(backend, MARConfig(**model["target"]), MARConfig(**model["draft"]), graphs, dev,
+                        model["image_size"], manifest["decoding_defaults"])
 
 
 def quality_instruments(folder: Path, manifest: dict, classifier):
