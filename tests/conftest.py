@@ -120,6 +120,20 @@ def tiny_int8_folder(bundle_factory, tmp_path_factory):
         bundle_factory(), out, precision="int8", decoding_defaults=SMALL, progress=False))
 
 
+def tiny_weights_folder(bundle_factory, tmp_path_factory, weights: str) -> Path:
+    """The small random bundle exported with ``--weights weights`` (ONNX Runtime's block-wise ``MatMulNBits``)."""
+    from vvs.discrete.exporter import export_folder
+
+    return exported_once(tmp_path_factory, f"tiny-weights-{weights}", lambda path: export_folder(
+        bundle_factory(), path, decoding_defaults=SMALL, progress=False, weights=weights))
+
+
+@pytest.fixture(scope="session")
+def tiny_int4_folder(bundle_factory, tmp_path_factory):
+    """The int4 one, which tests of several modules read."""
+    return tiny_weights_folder(bundle_factory, tmp_path_factory, "int4")
+
+
 def run_cli(main, args, capsys, monkeypatch):
     """Run a console entry point in-process; returns (exit code, stdout, stderr)."""
     import sys

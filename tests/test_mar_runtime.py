@@ -148,6 +148,17 @@ def test_onnxruntime_folder_matches_torch(folder, pipe):
     torch.testing.assert_close(torch_folder.generate([1], seed=4).tokens, pipe.generate([1], seed=4).tokens)
 
 
+def test_openvino_folder_matches_onnxruntime(folder):
+    """The seven graphs on OpenVINO (the unrolled samplers included): ONNX Runtime's acceptances and latents."""
+    pipes = [MARPipeline(load_engines(folder, backend=b, threads=1)) for b in ("onnxruntime", "openvino")]
+    assert pipes[1].engines.backend == "openvino"
+    for mode in ("ar", "cspd"):
+        a, b = (p.generate([1, 2], mode=mode, seed=3) for p in pipes)
+        assert [s.accept_lengths for s in a.stats] == [s.accept_lengths for s in b.stats]
+        torch.testing.assert_close(b.tokens, a.tokens, atol=1e-3, rtol=2e-3)
+        torch.testing.assert_close(b.images, a.images, atol=1e-3, rtol=1e-3)
+
+
 def test_every_mar_graph_builds_in_tensorrt_rtx(folder, tmp_path):
     pytest.importorskip("tensorrt_rtx", reason="the test set-up installs tensorrt-rtx-cu13 from PyPI")
     import shutil

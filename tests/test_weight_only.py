@@ -11,7 +11,7 @@ import onnx
 import pytest
 import torch
 
-from conftest import SMALL, exported_once, run_cli
+from conftest import exported_once, run_cli, tiny_weights_folder
 from vvs.engines import load_engines
 from vvs.engines.manifest import EngineFolderError, graph_weights, read_manifest
 from vvs.export.weight_only import ACCURACY_LEVEL
@@ -35,14 +35,11 @@ PLAN_TO_GRAPH = 2
 
 
 @pytest.fixture(scope="module")
-def folders(bundle_factory, tiny_folder, tmp_path_factory):
+def folders(bundle_factory, tiny_folder, tiny_int4_folder, tmp_path_factory):
     """The small random bundle exported once per weight-only precision, and its float32 folder."""
-    from vvs.discrete.exporter import export_folder
-
-    out = {"fp32": tiny_folder}
-    for weights in BITS:
-        out[weights] = exported_once(tmp_path_factory, f"tiny-weights-{weights}", lambda path: export_folder(
-            bundle_factory(), path, decoding_defaults=SMALL, progress=False, weights=weights))
+    out = {"fp32": tiny_folder, "int4": tiny_int4_folder}
+    for weights in [w for w in BITS if w not in out]:
+        out[weights] = tiny_weights_folder(bundle_factory, tmp_path_factory, weights)
     return out
 
 
