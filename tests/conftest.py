@@ -113,11 +113,12 @@ def tiny_folder(bundle_factory, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_int8_folder(bundle_factory, tmp_path_factory):
-    """The small random bundle exported as SmoothQuant W8A8 (+ fp16), calibrated on its own ar samples."""
+    """The small random bundle exported as SmoothQuant W8A8 (+ fp16), calibrated on its own ar samples, with its
+    torch weights (the torch backend's int8 target is quantised from them)."""
     from vvs.discrete.exporter import export_folder
 
     return exported_once(tmp_path_factory, "tiny-w8a8", lambda out: export_folder(
-        bundle_factory(), out, precision="int8", decoding_defaults=SMALL, progress=False))
+        bundle_factory(), out, precision="int8", decoding_defaults=SMALL, progress=False, torch_weights=True))
 
 
 def tiny_weights_folder(bundle_factory, tmp_path_factory, weights: str) -> Path:
@@ -197,7 +198,8 @@ def janus_int8_folder(request, tmp_path_factory):
     from vvs.discrete.exporter import export_folder
 
     return exported_once(tmp_path_factory, "engines-janus-int8", lambda out: export_folder(
-        request.getfixturevalue("janus_bundle"), out, precision="int8", decoding_defaults=SMALL, progress=False))
+        request.getfixturevalue("janus_bundle"), out, precision="int8", decoding_defaults=SMALL, progress=False,
+        torch_weights=True))  # the torch backend's int8 target is quantised from them
 
 
 @pytest.fixture(scope="session")

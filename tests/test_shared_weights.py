@@ -2,6 +2,9 @@
 storage the exporter writes, and the torch backend reads the target and the drafter back from the graphs."""
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -108,9 +111,17 @@ def test_a_folder_exported_with_torch_weights_reads_them(bundle_factory, tmp_pat
     assert all(torch.equal(v, want[k]) for k, v in target.state_dict().items())
 
 
-def test_an_int8_folder_without_torch_weights_says_how_to_get_them(tiny_int8_folder):
+def test_an_int8_folder_without_torch_weights_says_how_to_get_them(tiny_int8_folder, tmp_path):
     from vvs.engines import load_engines
+    from vvs.engines.manifest import TORCH_WEIGHTS
     from vvs.errors import VVSError
 
+    folder = tmp_path / "int8"
+    shutil.copytree(tiny_int8_folder, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for name in ("target", "drafter"):  # as exported without --torch-weights
+        (folder / TORCH_WEIGHTS[name]).unlink()
+        del manifest["files"][TORCH_WEIGHTS[name]]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(VVSError, match="export the folder with --torch-weights"):
-        load_engines(tiny_int8_folder, "torch")
+        load_engines(folder, "torch")
