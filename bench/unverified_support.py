@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from vvs.discrete.engines import folder_target  # noqa: E402
+from vvs.discrete.folder_models import folder_target  # noqa: E402
 from vvs.engines import load_engines  # noqa: E402
 from vvs.engines.manifest import read_manifest  # noqa: E402
 from vvs.runtime.pipeline import Pipeline  # noqa: E402

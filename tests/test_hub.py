@@ -315,7 +315,7 @@ def test_online_a_file_downloads_alone_a_folder_or_repository_as_a_snapshot(hub_
 @pytest.mark.slow
 def test_export_by_hub_id_records_the_source_and_exports_the_snapshots_weights(hub_cache, llamagen_files, tmp_path,
                                                                                 capsys, monkeypatch):
-    from vvs.discrete.engines import folder_target
+    from vvs.discrete.folder_models import folder_target
     from vvs.engines.manifest import EngineFolderError, read_manifest, update_manifest
     from vvs.families.llamagen.loading import load_gpt
 

@@ -84,7 +84,7 @@ def test_a_module_is_read_back_from_its_graphs(tmp_path, weights, monkeypatch):
 
 
 def test_a_folder_stores_its_target_once_and_runs_on_torch_from_its_graphs(tiny_folder):
-    from vvs.discrete.engines import folder_drafter, folder_target
+    from vvs.discrete.folder_models import folder_drafter, folder_target
     from vvs.engines.manifest import TORCH_WEIGHTS, read_manifest
     from vvs.memory import folder_weight_bytes
 
@@ -99,7 +99,7 @@ def test_a_folder_stores_its_target_once_and_runs_on_torch_from_its_graphs(tiny_
 
 
 def test_a_folder_exported_with_torch_weights_reads_them(bundle_factory, tmp_path):
-    from vvs.discrete.engines import folder_target
+    from vvs.discrete.folder_models import folder_target
     from vvs.discrete.exporter import export_folder
     from vvs.engines.manifest import TORCH_WEIGHTS
 

@@ -9,11 +9,10 @@ from pathlib import Path
 import torch
 
 from vvs.discrete.bundle import ModelBundle
+from vvs.discrete.folder_models import folder_drafter, folder_target
 from vvs.discrete.graphs import DraftTreeGraph, build_graphs, draft_tree_spec, graph_specs
-from vvs.discrete.drafter import Drafter, DrafterConfig
-from vvs.discrete.loading import load_drafter
 from vvs.engines.base import EngineSet, check_fit, folder_graphs
-from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, EngineFolderError, graph_weights, verify_files
+from vvs.engines.manifest import CALIBRATION, TORCH_WEIGHTS, verify_files
 from vvs.engines.torch_backend import TorchEngine
 from vvs.export.spec import DTYPE_NAMES
 from vvs.families.registry import family_of
@@ -236,44 +235,3 @@ def quality_instruments(folder: Path, manifest: dict, classifier):
     from vvs.quality import Instruments
 
     return Instruments(classifier, folder_target(Path(folder), manifest))
-
-
-def folder_target(folder: Path, manifest: dict) -> torch.nn.Module:
-    """The folder's target as a torch module (float32): its torch weights where it was exported with them
-    (``--torch-weights``), else the weights its target graphs multiply by, so that a folder holds them once."""
-    arch = family_of(manifest).entry("target_arch")
-    if TORCH_WEIGHTS["target"] in manifest["files"]:
-        return arch.load(Path(folder) / TORCH_WEIGHTS["target"])
-    from vvs.models.inflation import empty_model
-
-    model = empty_model(arch.model, arch.config(**manifest["model"]["target"]))
-    _read_graphs(model, folder, manifest, ("target_prefill", "target_verify"), "target.", "target")
-    return model.eval()
-
-
-def folder_drafter(folder: Path, manifest: dict, target) -> Drafter | None:
-    """The folder's drafter for ``target``'s config, from its torch weights or its draft_tree graph; None without
-    one."""
-    if "drafter" not in manifest["model"]:
-        return None
-    if TORCH_WEIGHTS["drafter"] in manifest["files"]:
-        return load_drafter(Path(folder) / TORCH_WEIGHTS["drafter"], target)
-    model = Drafter(DrafterConfig(**manifest["model"]["drafter"]), target)
-    _read_graphs(model, folder, manifest, ("draft_tree",), "step.drafter.", "drafter")
-    return model.eval()
-
-
-def _read_graphs(model: torch.nn.Module, folder: Path, manifest: dict, graphs: tuple, prefix: str, what: str) -> None:
-    from vvs.export.shared_weights import graph_parameters
-
-    params = dict(model.named_parameters())
-    found = graph_parameters(folder, [manifest["graphs"][g]["file"] for g in graphs], prefix,
-                             {name: tuple(p.shape) for name, p in params.items()})
-    missing = sorted(set(params) - set(found))
-    if missing:
-        raise EngineFolderError(f"{folder}: the {what}'s {missing[0]} cannot be read back from its "
-                                f"{graph_weights(manifest, graphs[0])} graphs for torch; export the folder with "
-                                "--torch-weights")
-    with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(found[name])

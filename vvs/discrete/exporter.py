@@ -193,11 +193,11 @@ def weights_per_graph(weights: str, drafter_weights: str | None, precision: str,
 
 def export_tree(folder: Path, manifest: dict, tree: TreeShape) -> tuple[Path, GraphSpec]:
     """The ``draft_tree`` graph of ``tree`` for an engine folder, exported once from the folder's own weights
-    (:func:`~vvs.discrete.engines.folder_target`) into its ``trees/`` subfolder (named after those weights' sha256,
+    (:func:`~vvs.discrete.folder_models.folder_target`) into its ``trees/`` subfolder (named after those weights' sha256,
     so a re-exported folder never picks up a stale graph). Each use checks the graph against the size and sha256
     recorded when it was exported, as a folder's own files are checked; a graph that fails (truncated, edited) is
     exported again."""
-    from vvs.discrete.engines import folder_drafter, folder_target
+    from vvs.discrete.folder_models import folder_drafter, folder_target
 
     folder = Path(folder)
     weights = "".join(manifest["files"][f]["sha256"][:8] for f in source_files(manifest))

@@ -86,7 +86,7 @@ def scale_folder(engine_dir: Path, size: str, progress: bool = True, tree: dict 
     (``tree_size``, ``depth``, ``draft_top_k``), exported as the folder's own, since a weight-only target is stored
     in float16 for its export and its folder holds no torch weights to export another tree from."""
     from vvs.discrete.bundle import ModelBundle
-    from vvs.discrete.engines import folder_drafter, folder_target
+    from vvs.discrete.folder_models import folder_drafter, folder_target
     from vvs.discrete.exporter import export_folder, source_files
     from vvs.families.registry import family_of
 
