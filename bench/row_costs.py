@@ -11,8 +11,10 @@ property an exact mode needs of its target (a position's logits must not depend 
 Forms: float32; ONNX Runtime's ``MatMulNBits`` at int4 and int8 at accuracy levels 1 (float32 compute) and 4
 (int8); ``w8a8`` (vvs's: int8 weights per channel, activations int8 per row through ``MatMulInteger``); its
 signed-activation variant; int8 weights with per-tensor dynamic activations (``DynamicQuantizeMatMul``); static
-Q/DQ int8; and OpenVINO on the float32 and the dequantise-form int8 / int4 stacks (OpenVINO compresses constant
-weights that reach a MatMul through a dequantisation), where the ``openvino`` package is installed.
+Q/DQ int8; and OpenVINO (float32 arithmetic, as ``--backend openvino`` runs it) on the float32, the dequantise-form
+int8 / int4 (OpenVINO compresses constant weights that reach a MatMul through a dequantisation) and the w8a8
+stacks, plus the float32 stack in bf16 (OpenVINO's default on a CPU with bf16 units), where ``openvino`` is
+installed.
 
 Usage: python bench/row_costs.py [--layers 4] [--rows 1 2 4 8 16 32 64 128 256] [--forms ...] [--threads 2]
 [--repeats 5] [--json F]
@@ -48,17 +50,14 @@ def cpu() -> dict:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return info
+    fields = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            info["model"] = value.strip()
-        if key.strip() == "model":
-            info["model"] += f" (model {value.strip()})"
-        if key.strip() == "flags":
-            flags = set(value.split())
-            info["flags"] = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16")
-                             if f in flags]
-            break
+        fields.setdefault(key.strip(), value.strip())
+    if "model name" in fields:  # a VM's name hides the generation; family and model number tell it
+        info["model"] = f"{fields['model name']} (family {fields.get('cpu family')}, model {fields.get('model')})"
+    flags = set(fields.get("flags", "").split())
+    info["flags"] = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16") if f in flags]
     return info
 
 
@@ -191,7 +190,7 @@ def forms(model: onnx.ModelProto, arrays: dict) -> dict:
         import openvino  # noqa: F401
     except ImportError:
         return built
-    built.update({"openvino-fp32": lambda: model,
+    built.update({"openvino-fp32": lambda: model, "openvino-bf16": lambda: model,
                   "openvino-int8": lambda: dequantize_form(nbits("int8", 4)()),
                   "openvino-int4": lambda: dequantize_form(nbits("int4", 4)()),
                   "openvino-w8a8": lambda: rewritten(model, arrays, w8a8)})
@@ -211,8 +210,12 @@ def runner(form: str, model: onnx.ModelProto, folder: Path, threads: int):
     if form.startswith("openvino"):
         import openvino as ov
 
-        compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": threads,
-                                                              "PERFORMANCE_HINT": "LATENCY"})
+        from vvs.engines.openvino_backend import compile_config
+
+        config = compile_config(threads)  # float32 arithmetic, as --backend openvino runs
+        if form == "openvino-bf16":  # what OpenVINO does by default on a CPU with bf16 units: not float32's values
+            config["INFERENCE_PRECISION_HINT"] = "bf16"
+        compiled = ov.Core().compile_model(str(path), "CPU", config)
         request = compiled.create_infer_request()
         return lambda x: request.infer({0: x})[0].copy()
     import onnxruntime as ort
