@@ -139,3 +139,18 @@ def test_tensorrt_builders_refuse_w8a8_in_one_line(tmp_path, capsys, monkeypatch
     with pytest.raises(BuildError, match="target_prefill: its w8a8 weights are ONNX Runtime's MatMulInteger, which "
                                          "TensorRT-RTX does not build"):
         build_folder(w8a8_folder, "tensorrt-rtx")
+
+
+def test_the_torch_models_read_back_from_a_w8a8_folder(w8a8_folder, bundle_factory):
+    """A folder without torch weights gives the torch backend its target read back from the graphs: each weight
+    matrix the int8 codes times their channel's scale, within half a code step of the original."""
+    from vvs.discrete.folder_models import folder_target
+
+    manifest = read_manifest(w8a8_folder)
+    original = bundle_factory().target.state_dict()
+    read = folder_target(w8a8_folder, manifest).state_dict()
+    matrix = "layers.0.attention.wqkv.weight"
+    step = original[matrix].abs().amax(1, keepdim=True) / 127
+    assert not torch.equal(read[matrix], original[matrix])
+    assert ((read[matrix] - original[matrix]).abs() <= step / 2 + 1e-7).all()
+    assert torch.equal(read["output.weight"], original["output.weight"])  # the head stays float32

@@ -255,7 +255,7 @@ def test_a_folder_without_per_graph_weights_still_loads(folders, tmp_path):
     manifest = read_manifest(old)
     assert {name: graph_weights(manifest, name) for name in manifest["graphs"]} == dict.fromkeys(manifest["graphs"],
                                                                                                "fp32")
-    assert graph_weights({**manifest, "precision": "int8"}, "target_verify") == "w8a8"
+    assert graph_weights({**manifest, "precision": "int8"}, "target_verify") == "w8a8-static"
     Pipeline(load_engines(old, "onnxruntime", threads=1)).generate([1], mode="sd", decode_images=False)
     manifest["graphs"]["target_verify"]["weights"] = "int3"
     path.write_text(json.dumps(manifest, indent=2))

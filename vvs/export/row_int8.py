@@ -24,6 +24,7 @@ from vvs.export.weight_only import output_head, stored_matrix
 LEVELS = 127  # symmetric codes -127..127: -128 is never used, so negating a code cannot overflow
 ZERO_POINT = 128  # of the uint8 activation codes
 TINY = np.float32(1e-30)  # a row of zeros gets codes of zero, not a division by zero
+CODES, SCALES = "_w8_codes", "_w8_scales"  # a matrix's initialisers: its name and these
 
 
 def as_matmul_integer(graph: ir.Graph, read: Callable[[str], np.ndarray], weights: Container[str]) -> None:
@@ -104,12 +105,13 @@ def _channel_codes(graph: ir.Graph, matrix: ir.Value, read, transposed: bool) ->
         if part not in done:
             values = read(matrix.name)
             done["codes"], done["scales"] = channel_int8(values.T if transposed else values)
-        return ir.Tensor(done.pop(part), name=f"{matrix.name}_w8_{part}")
+        return ir.Tensor(done.pop(part), name=matrix.name + names[part])
 
+    names = {"codes": CODES, "scales": SCALES}
     values = []
     for part, dtype, shape in (("codes", ir.DataType.INT8, (k, n)), ("scales", ir.DataType.FLOAT, (n,))):
         lazy = ir.LazyTensor(lambda part=part: quantise(part), dtype=dtype, shape=ir.Shape(shape),
-                             name=f"{matrix.name}_w8_{part}")
+                             name=matrix.name + names[part])
         value = ir.Value(name=lazy.name, shape=lazy.shape, type=ir.TensorType(dtype), const_value=lazy)
         graph.register_initializer(value)
         values.append(value)

@@ -127,6 +127,9 @@ def graph_parameters(folder: Path, graph_files: list[str], prefix: str, shapes: 
     from onnx import numpy_helper
     from onnx.external_data_helper import load_external_data_for_tensor
 
+    import numpy as np
+
+    from vvs.export.row_int8 import CODES, SCALES
     from vvs.export.weight_only import as_float, integers_and_scales, node_attributes
 
     def array(tensor):  # its bytes read into the tensor itself, so the weight-only readers take it as it is
@@ -155,4 +158,11 @@ def graph_parameters(folder: Path, graph_files: list[str], prefix: str, shapes: 
                 # values [K, N]: what the MatMul multiplies by, a Linear's matrix transposed (square: a Linear's)
                 linear = tuple(values.T.shape) == tuple(shapes[param])
                 found[param] = torch.from_numpy((values.T if linear else values).copy())
+        for node in (n for n in model.graph.node if n.op_type == "MatMulInteger" and n.input[1].startswith(prefix)):
+            param = node.input[1][len(prefix):].removesuffix(CODES)
+            if param in shapes and param not in found:
+                codes, scales = array(inits[node.input[1]]), array(inits[prefix + param + SCALES])
+                values = codes.astype(np.float32) * scales  # [K, N], as the product multiplies by it
+                linear = tuple(values.T.shape) == tuple(shapes[param])
+                found[param] = torch.from_numpy(np.ascontiguousarray(values.T if linear else values))
     return found
