@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -39,6 +37,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from vvs.export.row_int8 import as_matmul_integer  # noqa: E402
 from vvs.export.weight_only import as_matmul_nbits, dequantize_form  # noqa: E402
+from vvs.tune import median_seconds  # noqa: E402
 
 MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -220,21 +219,10 @@ def runner(form: str, model: onnx.ModelProto, folder: Path, threads: int):
         return lambda x: request.infer({0: x})[0].copy()
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    from vvs.engines.onnxruntime_backend import session_options
+
+    session = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
     return lambda x: session.run(None, {"x": x})[0]
-
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def measure(run, rows: list[int], width: int, repeats: int) -> tuple[dict, bool]:

@@ -19,7 +19,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir import convenience
 
-from vvs.export.weight_only import output_head, stored_matrix
+from vvs.export.weight_only import output_head, stored_matmuls
 
 LEVELS = 127  # symmetric codes -127..127: -128 is never used, so negating a code cannot overflow
 ZERO_POINT = 128  # of the uint8 activation codes
@@ -39,13 +39,7 @@ def as_matmul_integer(graph: ir.Graph, read: Callable[[str], np.ndarray], weight
     head = output_head(graph)
     rows: dict[str, tuple[ir.Value, ir.Value]] = {}  # activation name -> (codes, scale)
     matrices: dict[str, tuple[ir.Value, ir.Value]] = {}  # matrix name -> (int8 codes [K, N], scales [N])
-    for node in list(graph):
-        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
-            continue
-        stored = stored_matrix(node)
-        if stored is None:
-            continue
-        matrix, transpose = stored
+    for node, matrix, transpose in stored_matmuls(graph):
         if matrix.name not in weights or node in head:
             continue
         x = node.inputs[0]

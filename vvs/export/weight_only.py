@@ -43,13 +43,7 @@ def as_matmul_nbits(graph: ir.Graph, read: Callable[[str], np.ndarray], weights:
     matrices, head = BITS[weights]
     heads = output_head(graph)
     quantised: dict[tuple[str, int], tuple[ir.Value, ir.Value, int, int]] = {}
-    for node in list(graph):
-        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
-            continue
-        stored = stored_matrix(node)
-        if stored is None:
-            continue
-        matrix, transpose = stored
+    for node, matrix, transpose in stored_matmuls(graph):
         transposed = transpose is not None
         bits = head if node in heads else matrices
         if (matrix.name, bits) not in quantised:
@@ -83,6 +77,16 @@ def output_head(graph: ir.Graph, output: str = "logits") -> set[ir.Node]:
         else:
             todo.extend(value.producer() for value in node.inputs if value is not None)
     return heads
+
+
+def stored_matmuls(graph: ir.Graph):
+    """``(node, matrix, transpose)`` for each MatMul of ``graph`` by a stored matrix (:func:`stored_matrix`), in
+    graph order, listed before the caller rewrites any of them."""
+    for node in list(graph):
+        if node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
+            stored = stored_matrix(node)
+            if stored is not None:
+                yield node, *stored
 
 
 def stored_matrix(node: ir.Node) -> tuple[ir.Value, ir.Node | None] | None:
